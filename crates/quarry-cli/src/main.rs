@@ -1,0 +1,81 @@
+//! `quarry`: the command-line front end. Embedded mode: the host and an in-process storage node
+//! over the warehouse directory run in this one process.
+
+mod bench;
+mod generate;
+mod load;
+mod progress;
+mod queries;
+mod shell;
+mod sql;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Errors reach the user as one line of text; each command turns its errors into that line.
+pub type CliResult<T = ()> = Result<T, String>;
+
+/// Quarry: near-data analytics. Tables live in a warehouse directory; SQL runs over them.
+#[derive(Debug, Parser)]
+#[command(name = "quarry", version, about, long_about = None)]
+struct Cli {
+    /// Warehouse directory holding the tables.
+    #[arg(long, global = true, env = "QUARRY_WAREHOUSE", default_value = "./quarry-data")]
+    warehouse: PathBuf,
+    /// Threads to use (default: all cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load a CSV or Parquet file into a table (replacing it unless --append).
+    Load(load::LoadArgs),
+    /// Generate benchmark data into the warehouse.
+    Gen(generate::GenArgs),
+    /// Run SQL and print or write the result.
+    Sql(sql::SqlArgs),
+    /// Interactive SQL shell.
+    Shell,
+    /// Run a benchmark suite's queries and print per-query times.
+    Bench(bench::BenchArgs),
+    /// List the warehouse's tables with their row counts.
+    Tables,
+}
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("quarry: internal error: {info}\nThis is a bug in Quarry; please report it with the command you ran.");
+    }));
+    let cli = Cli::parse();
+    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let outcome = match cli.command {
+        Command::Load(args) => load::run(&cli.warehouse, args, threads),
+        Command::Gen(args) => generate::run(&cli.warehouse, args, threads),
+        Command::Sql(args) => with_runtime(threads, sql::run(&cli.warehouse, args, threads)),
+        Command::Shell => with_runtime(threads, shell::run(&cli.warehouse, threads)),
+        Command::Bench(args) => bench::run(&cli.warehouse, args, threads),
+        Command::Tables => with_runtime(threads, sql::list_tables(&cli.warehouse)),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `future` on a multi-threaded runtime of `threads` workers.
+pub fn with_runtime<T>(threads: usize, future: impl std::future::Future<Output = CliResult<T>>) -> CliResult<T> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the runtime: {e}"))?;
+    runtime.block_on(future)
+}

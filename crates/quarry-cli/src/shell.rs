@@ -1,0 +1,101 @@
+//! `quarry shell`: interactive SQL with history and multi-line statements.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use quarry_engine::{OutputFormat, user_message};
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+
+use crate::CliResult;
+use crate::sql::{open_session, run_statement};
+
+const HELP: &str = "Statements end with ';' and may span lines.
+  .tables           list tables
+  .schema TABLE     show a table's columns
+  .help             this text
+  .quit             leave (or Ctrl-D)";
+
+fn history_path() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".quarry_history"))
+}
+
+pub async fn run(warehouse: &Path, threads: usize) -> CliResult {
+    let session = open_session(warehouse, threads).await?;
+    let mut editor = DefaultEditor::new().map_err(|e| format!("starting the line editor: {e}"))?;
+    let history = history_path();
+    if let Some(path) = &history {
+        let _ = editor.load_history(path);
+    }
+    println!("Quarry {} — warehouse {}. Type .help for help.", env!("CARGO_PKG_VERSION"), warehouse.display());
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() { "quarry> " } else { "   ...> " };
+        let line = match editor.readline(prompt) {
+            Ok(line) => line,
+            Err(ReadlineError::Interrupted) => {
+                buffer.clear();
+                continue;
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(format!("reading input: {e}")),
+        };
+        let trimmed = line.trim();
+        if buffer.is_empty() && trimmed.starts_with('.') {
+            let _ = editor.add_history_entry(trimmed);
+            let mut words = trimmed.split_whitespace();
+            match (words.next(), words.next()) {
+                (Some(".quit" | ".exit"), _) => break,
+                (Some(".help"), _) => println!("{HELP}"),
+                (Some(".tables"), _) => run_sql(&session, "SHOW TABLES").await,
+                (Some(".schema"), Some(table)) => run_sql(&session, &format!("DESCRIBE {table}")).await,
+                _ => println!("unknown command '{trimmed}'; .help lists the commands"),
+            }
+            continue;
+        }
+        if trimmed.is_empty() && buffer.is_empty() {
+            continue;
+        }
+        buffer.push_str(&line);
+        buffer.push('\n');
+        if trimmed.ends_with(';') {
+            let sql = std::mem::take(&mut buffer);
+            let _ = editor.add_history_entry(sql.trim());
+            run_sql(&session, &sql).await;
+        }
+    }
+    if let Some(path) = &history {
+        let _ = editor.save_history(path);
+    }
+    Ok(())
+}
+
+/// Runs the statements of `sql`, printing results, the time, or the error; never exits.
+async fn run_sql(session: &quarry_engine::QuarrySession, sql: &str) {
+    if let Err(e) = session.refresh_tables().await {
+        eprintln!("error: {}", user_message(&e));
+        return;
+    }
+    let statements = match session.parse(sql) {
+        Ok(statements) => statements,
+        Err(e) => {
+            eprintln!("error: {}", user_message(&e));
+            return;
+        }
+    };
+    for statement in statements {
+        let started = Instant::now();
+        match run_statement(session, statement, OutputFormat::Table, None).await {
+            Ok(stats) => println!(
+                "{} rows in {:.3}s ({:.1} MB read from storage)",
+                stats.rows_returned,
+                started.elapsed().as_secs_f64(),
+                stats.bytes_read_storage as f64 / 1e6
+            ),
+            Err(message) => {
+                eprintln!("error: {message}");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Per-query accounting: bytes read from storage, bytes over the link, rows and time, gathered
+//! from the executed plan's metrics.
+
+use std::sync::Arc;
+
+use datafusion::physical_plan::ExecutionPlan;
+use serde::Serialize;
+
+use crate::scan::{StorageScanExec, metric};
+
+/// Where an operator ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// On a storage node, next to the data.
+    Storage,
+    /// On the host.
+    Host,
+}
+
+/// One operator's share of a query.
+#[derive(Debug, Clone, Serialize)]
+pub struct OperatorStats {
+    /// Operator name (e.g. `StorageScanExec`, `HashJoinExec`).
+    pub operator: String,
+    /// Where it ran.
+    pub side: Side,
+    /// Table read, for scans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    /// Rows it produced.
+    pub rows_out: u64,
+    /// CPU time it reported, milliseconds (node-side time for scans).
+    pub compute_ms: f64,
+    /// Bytes read from storage, for scans.
+    pub bytes_read_storage: u64,
+    /// Bytes it sent over the link, for scans.
+    pub bytes_over_link: u64,
+}
+
+/// The accounting of one query, as `--stats` writes it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QueryStats {
+    /// Wall time from planning to the last row, milliseconds.
+    pub wall_ms: f64,
+    /// Rows in the result.
+    pub rows_returned: u64,
+    /// Bytes read from segment files.
+    pub bytes_read_storage: u64,
+    /// Bytes storage nodes handed to the host (Arrow batch bytes in embedded mode).
+    pub bytes_over_link: u64,
+    /// Segments scans asked for.
+    pub segments_requested: u64,
+    /// Segments skipped by manifest statistics.
+    pub segments_pruned: u64,
+    /// Rows in the segments opened.
+    pub rows_scanned: u64,
+    /// Node-side scan time summed over scans, milliseconds.
+    pub storage_ms: f64,
+    /// Every operator of the plan, in pre-order.
+    pub operators: Vec<OperatorStats>,
+}
+
+impl QueryStats {
+    /// Adds up the metrics of an executed plan.
+    pub fn from_plan(plan: &Arc<dyn ExecutionPlan>, wall_ms: f64, rows_returned: u64) -> Self {
+        let mut stats = QueryStats { wall_ms, rows_returned, ..Default::default() };
+        collect(plan.as_ref(), &mut stats);
+        stats
+    }
+}
+
+fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
+    let metrics = plan.metrics();
+    let sum = |name: &str| metrics.as_ref().and_then(|m| m.sum_by_name(name)).map_or(0, |v| v.as_usize() as u64);
+    let rows_out = metrics.as_ref().and_then(|m| m.output_rows()).unwrap_or(0) as u64;
+    let compute_ns = metrics.as_ref().and_then(|m| m.elapsed_compute()).unwrap_or(0) as u64;
+    let scan = (plan as &dyn std::any::Any).downcast_ref::<StorageScanExec>();
+    let operator = match scan {
+        Some(scan) => {
+            let node_ns = sum(metric::NODE_TIME_NS);
+            stats.bytes_read_storage += sum(metric::BYTES_READ_STORAGE);
+            stats.bytes_over_link += sum(metric::BYTES_OVER_LINK);
+            stats.segments_requested += sum(metric::SEGMENTS_REQUESTED);
+            stats.segments_pruned += sum(metric::SEGMENTS_PRUNED);
+            stats.rows_scanned += sum(metric::ROWS_SCANNED);
+            stats.storage_ms += node_ns as f64 / 1e6;
+            OperatorStats {
+                operator: plan.name().to_string(),
+                side: Side::Storage,
+                table: Some(scan.table().to_string()),
+                rows_out,
+                compute_ms: node_ns as f64 / 1e6,
+                bytes_read_storage: sum(metric::BYTES_READ_STORAGE),
+                bytes_over_link: sum(metric::BYTES_OVER_LINK),
+            }
+        }
+        None => OperatorStats {
+            operator: plan.name().to_string(),
+            side: Side::Host,
+            table: None,
+            rows_out,
+            compute_ms: compute_ns as f64 / 1e6,
+            bytes_read_storage: 0,
+            bytes_over_link: 0,
+        },
+    };
+    stats.operators.push(operator);
+    for child in plan.children() {
+        collect(child.as_ref(), stats);
+    }
+}

@@ -1,0 +1,174 @@
+//! A host session: SQL text in, results and accounting out.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::plan_err;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::physical_plan::execute_stream;
+use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::{DFParser, Statement};
+use futures::StreamExt;
+use quarry_storage::StorageNode;
+
+use crate::accounting::QueryStats;
+use crate::output::ResultSink;
+use crate::provider::NodeSchemaProvider;
+
+/// How a session runs queries.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Threads the host uses (DataFusion's target partitions).
+    pub threads: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()) }
+    }
+}
+
+/// A SQL session over one storage node.
+pub struct QuarrySession {
+    ctx: SessionContext,
+    node: Arc<dyn StorageNode>,
+}
+
+/// A collected query result.
+#[derive(Debug)]
+pub struct QueryResult {
+    /// Result schema.
+    pub schema: SchemaRef,
+    /// Result rows.
+    pub batches: Vec<arrow::array::RecordBatch>,
+    /// Accounting.
+    pub stats: QueryStats,
+}
+
+impl QuarrySession {
+    /// A session over `node`'s tables.
+    pub async fn try_new(node: Arc<dyn StorageNode>, options: EngineOptions) -> Result<Self> {
+        let config = SessionConfig::new()
+            .with_target_partitions(options.threads.max(1))
+            .with_information_schema(true)
+            .with_default_catalog_and_schema("quarry", "main");
+        let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
+        let session = QuarrySession { ctx: SessionContext::new_with_state(state), node };
+        session.refresh_tables().await?;
+        Ok(session)
+    }
+
+    /// Re-reads the node's table list (tables loaded since the session started become visible).
+    pub async fn refresh_tables(&self) -> Result<()> {
+        let schema = NodeSchemaProvider::try_new(Arc::clone(&self.node)).await?;
+        let catalog = self.ctx.catalog("quarry").ok_or_else(|| DataFusionError::Internal("catalog 'quarry' missing".into()))?;
+        catalog.register_schema("main", Arc::new(schema))?;
+        Ok(())
+    }
+
+    /// The DataFusion context (for embedding and tests).
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Splits SQL text into statements; syntax errors carry line and column.
+    pub fn parse(&self, sql: &str) -> Result<Vec<Statement>> {
+        let dialect = self.ctx.state().config().options().sql_parser.dialect;
+        let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?;
+        if statements.is_empty() {
+            return plan_err!("no SQL statement given");
+        }
+        Ok(statements.into_iter().collect())
+    }
+
+    /// Runs one statement, streaming its rows into `sink`.
+    pub async fn execute(&self, statement: Statement, sink_for: impl FnOnce(&SchemaRef) -> Result<Box<dyn ResultSink + '_>>) -> Result<QueryStats> {
+        let started = Instant::now();
+        let state = self.ctx.state();
+        let plan = state.statement_to_plan(statement).await?;
+        check_read_only(&plan)?;
+        let df = self.ctx.execute_logical_plan(plan).await?;
+        let physical = df.create_physical_plan().await?;
+        let schema = physical.schema();
+        let mut sink = sink_for(&schema)?;
+        let mut stream = execute_stream(Arc::clone(&physical), self.ctx.task_ctx())?;
+        let mut rows = 0u64;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            rows += batch.num_rows() as u64;
+            sink.write_batch(&batch)?;
+        }
+        sink.finish()?;
+        Ok(QueryStats::from_plan(&physical, started.elapsed().as_secs_f64() * 1e3, rows))
+    }
+
+    /// Runs SQL text of exactly one statement and collects the result.
+    pub async fn query(&self, sql: &str) -> Result<QueryResult> {
+        let mut statements = self.parse(sql)?;
+        if statements.len() != 1 {
+            return plan_err!("expected one SQL statement, found {}", statements.len());
+        }
+        let mut schema = None;
+        let mut batches = Vec::new();
+        let stats = {
+            let collected = &mut batches;
+            let schema_out = &mut schema;
+            self.execute(statements.remove(0), move |s| {
+                *schema_out = Some(Arc::clone(s));
+                Ok(Box::new(BorrowedCollect { batches: collected }))
+            })
+            .await?
+        };
+        Ok(QueryResult { schema: schema.expect("sink created"), batches, stats })
+    }
+}
+
+struct BorrowedCollect<'a> {
+    batches: &'a mut Vec<arrow::array::RecordBatch>,
+}
+
+impl ResultSink for BorrowedCollect<'_> {
+    fn write_batch(&mut self, batch: &arrow::array::RecordBatch) -> Result<()> {
+        self.batches.push(batch.clone());
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Tables are created by `quarry load` / `quarry gen`, which commit atomically to the warehouse;
+/// SQL that would create or change state only in this process's memory is refused rather than
+/// silently lost.
+fn check_read_only(plan: &LogicalPlan) -> Result<()> {
+    let options = SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false);
+    match plan {
+        LogicalPlan::Ddl(DdlStatement::CreateView(_)) | LogicalPlan::Ddl(DdlStatement::DropView(_)) => Ok(()),
+        _ => options.verify_plan(plan).map_err(|_| {
+            DataFusionError::Plan(format!(
+                "only queries are supported in SQL ({} is not); load tables with 'quarry load' or 'quarry gen'",
+                plan.display()
+            ))
+        }),
+    }
+}
+
+/// A one-line message for the user: the error's own words, without DataFusion's internal
+/// wrapping, with the position for syntax errors.
+pub fn user_message(error: &DataFusionError) -> String {
+    match error {
+        DataFusionError::SQL(e, _) => format!("SQL syntax error: {}", e.to_string().trim_start_matches("sql parser error: ")),
+        DataFusionError::Context(_, inner) | DataFusionError::Diagnostic(_, inner) => user_message(inner),
+        DataFusionError::Shared(inner) => user_message(inner),
+        DataFusionError::External(e) => match e.downcast_ref::<DataFusionError>() {
+            Some(inner) => user_message(inner),
+            None => e.to_string(),
+        },
+        DataFusionError::Collection(errors) if !errors.is_empty() => user_message(&errors[0]),
+        DataFusionError::Plan(m) | DataFusionError::Execution(m) | DataFusionError::NotImplemented(m) => m.trim().to_string(),
+        other => other.message().trim().to_string(),
+    }
+}

@@ -1,0 +1,21 @@
+//! Quarry's table format and warehouse catalog.
+//!
+//! A *warehouse* is a directory of *tables*. A table is a set of standard Parquet *segment* files
+//! plus a versioned JSON *manifest* (schema, segments, row counts, per-segment per-column
+//! min/max/null counts, sort key, encodings). Commits are atomic (see [`warehouse`]): a reader
+//! always sees one committed version, and a crash at any point leaves the previous one intact.
+//!
+//! This crate knows nothing of SQL or networking; the storage node reads tables through
+//! [`Warehouse`] and the loaders write them through [`TableWriter`].
+
+pub mod csv_import;
+pub mod error;
+pub mod ingest;
+pub mod manifest;
+pub mod segment;
+pub mod warehouse;
+
+pub use error::{Result, TableError};
+pub use manifest::{ColumnStats, Manifest, SegmentMeta, TableSchema};
+pub use segment::{SegmentOptions, SegmentWriter};
+pub use warehouse::{TableSnapshot, TableWriter, Warehouse, WriteMode};

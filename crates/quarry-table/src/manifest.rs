@@ -1,0 +1,231 @@
+//! The versioned table manifest: the single source of truth for what a table contains.
+//!
+//! A table directory holds Parquet segment files under `data/`, one JSON manifest per committed
+//! version (`manifest-00000007.json`) and a `CURRENT` file naming the committed manifest. A
+//! segment file that no manifest names is not part of the table, whatever its contents.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TableError};
+
+/// Manifest layout version written by this build; readers reject newer ones.
+pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+
+/// One committed version of a table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Layout version of this file ([`MANIFEST_FORMAT_VERSION`]).
+    pub format_version: u32,
+    /// Table name (equal to its directory name).
+    pub table: String,
+    /// Version number, 1 for the first commit, +1 for each later one.
+    pub version: u64,
+    /// Commit time, milliseconds since the Unix epoch.
+    pub committed_at_ms: u64,
+    /// Column names and types.
+    pub schema: TableSchema,
+    /// Columns the rows are (weakly) ordered by; informative, used by pruning heuristics.
+    #[serde(default)]
+    pub sort_key: Vec<String>,
+    /// Columns whose segments carry Parquet Bloom filters.
+    #[serde(default)]
+    pub bloom_filter_columns: Vec<String>,
+    /// Free-form key/values (e.g. which generator and scale factor made the table).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// The segments, in table order.
+    pub segments: Vec<SegmentMeta>,
+}
+
+/// A table's columns as stored in the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableSchema {
+    /// Columns in order.
+    pub fields: Vec<ColumnDef>,
+}
+
+/// One column: name, Arrow type (its `Display` form, e.g. `Decimal128(15, 2)`) and nullability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ColumnDef {
+    /// Column name.
+    pub name: String,
+    /// Arrow data type, in the form `DataType`'s `Display`/`FromStr` use.
+    pub data_type: String,
+    /// Whether NULLs are allowed.
+    pub nullable: bool,
+}
+
+/// One Parquet segment file and its statistics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentMeta {
+    /// Segment id, unique within the table; the file is `data/<id>.parquet`.
+    pub id: String,
+    /// Path relative to the table directory.
+    pub path: String,
+    /// Number of rows.
+    pub rows: u64,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// Number of Parquet row groups.
+    pub row_groups: u32,
+    /// Per-column statistics, in schema order.
+    pub columns: Vec<ColumnStats>,
+}
+
+/// Statistics of one column in one segment. `min`/`max` are valid bounds (possibly truncated for
+/// long strings), written in the column type's canonical text form; `None` means unknown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ColumnStats {
+    /// Column name.
+    pub name: String,
+    /// Lower bound of the non-NULL values, if known.
+    pub min: Option<String>,
+    /// Upper bound of the non-NULL values, if known.
+    pub max: Option<String>,
+    /// Number of NULLs, if known.
+    pub null_count: Option<u64>,
+    /// Parquet encodings used by the column's pages (e.g. `RLE_DICTIONARY`).
+    pub encodings: Vec<String>,
+    /// Compression codec (e.g. `SNAPPY`).
+    pub compression: String,
+    /// Bytes of the column chunks on disk.
+    pub compressed_bytes: u64,
+    /// Bytes of the column chunks once decompressed.
+    pub uncompressed_bytes: u64,
+}
+
+impl TableSchema {
+    /// The stored form of an Arrow schema. View types are stored as their plain equivalents,
+    /// which is what Parquet holds; readers may ask for views again.
+    pub fn from_arrow(schema: &Schema) -> Self {
+        let fields = schema
+            .fields()
+            .iter()
+            .map(|f| ColumnDef {
+                name: f.name().clone(),
+                data_type: storage_type(f.data_type()).to_string(),
+                nullable: f.is_nullable(),
+            })
+            .collect();
+        TableSchema { fields }
+    }
+
+    /// The Arrow schema; fails if a stored type string does not parse.
+    pub fn to_arrow(&self) -> std::result::Result<SchemaRef, String> {
+        let mut fields = Vec::with_capacity(self.fields.len());
+        for column in &self.fields {
+            let data_type: DataType = column
+                .data_type
+                .parse()
+                .map_err(|e| format!("column '{}' has unknown type '{}': {e}", column.name, column.data_type))?;
+            fields.push(Field::new(&column.name, data_type, column.nullable));
+        }
+        Ok(Arc::new(Schema::new(fields)))
+    }
+}
+
+/// The type a column is stored as: string and binary views become their plain forms.
+pub fn storage_type(data_type: &DataType) -> DataType {
+    match data_type {
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        other => other.clone(),
+    }
+}
+
+/// The stored form of a schema as Arrow (views replaced by plain types, metadata dropped).
+pub fn storage_schema(schema: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| Field::new(f.name(), storage_type(f.data_type()), f.is_nullable()))
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+impl Manifest {
+    /// Total rows over all segments.
+    pub fn total_rows(&self) -> u64 {
+        self.segments.iter().map(|s| s.rows).sum()
+    }
+
+    /// Total segment bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.bytes).sum()
+    }
+
+    /// The Arrow schema of the table.
+    pub fn arrow_schema(&self, manifest_path: &Path) -> Result<SchemaRef> {
+        self.schema.to_arrow().map_err(|reason| TableError::CorruptManifest {
+            path: manifest_path.to_path_buf(),
+            reason,
+        })
+    }
+
+    /// Checks the invariants a reader relies on; `path` is only used in the error.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let corrupt = |reason: String| TableError::CorruptManifest { path: path.to_path_buf(), reason };
+        if self.format_version > MANIFEST_FORMAT_VERSION {
+            return Err(corrupt(format!(
+                "format version {} is newer than this build supports ({MANIFEST_FORMAT_VERSION})",
+                self.format_version
+            )));
+        }
+        if self.version == 0 {
+            return Err(corrupt("version must be at least 1".into()));
+        }
+        self.arrow_schema(path)?;
+        let mut names = std::collections::HashSet::new();
+        for column in &self.schema.fields {
+            if !names.insert(column.name.as_str()) {
+                return Err(corrupt(format!("duplicate column '{}'", column.name)));
+            }
+        }
+        for key in self.sort_key.iter().chain(&self.bloom_filter_columns) {
+            if !names.contains(key.as_str()) {
+                return Err(corrupt(format!("sort key or Bloom filter column '{key}' is not a column")));
+            }
+        }
+        let mut ids = std::collections::HashSet::new();
+        for segment in &self.segments {
+            if !is_valid_segment_id(&segment.id) || segment.path != segment_relative_path(&segment.id) {
+                return Err(corrupt(format!("segment '{}' has an invalid id or path '{}'", segment.id, segment.path)));
+            }
+            if !ids.insert(segment.id.as_str()) {
+                return Err(corrupt(format!("segment '{}' is listed twice", segment.id)));
+            }
+            let stat_names: Vec<&str> = segment.columns.iter().map(|c| c.name.as_str()).collect();
+            let schema_names: Vec<&str> = self.schema.fields.iter().map(|c| c.name.as_str()).collect();
+            if stat_names != schema_names {
+                return Err(corrupt(format!("segment '{}' statistics do not match the schema's columns", segment.id)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Relative path of a segment's file inside its table directory.
+pub fn segment_relative_path(id: &str) -> String {
+    format!("data/{id}.parquet")
+}
+
+/// Segment ids are generated by us; anything else (path separators, dots) is rejected so a manifest
+/// can never point outside its table directory.
+pub fn is_valid_segment_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// File name of the manifest of `version`.
+pub fn manifest_file_name(version: u64) -> String {
+    format!("manifest-{version:08}.json")
+}
+
+/// The version encoded in a manifest file name, if it is one.
+pub fn parse_manifest_file_name(name: &str) -> Option<u64> {
+    name.strip_prefix("manifest-")?.strip_suffix(".json")?.parse().ok()
+}

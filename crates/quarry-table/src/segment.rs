@@ -1,0 +1,214 @@
+//! Writing one Parquet segment and reading back the statistics the manifest records.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::compute::{SortOptions, cast, sort_to_indices};
+use arrow::datatypes::SchemaRef;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::basic::Compression;
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use crate::error::{Result, TableError};
+use crate::manifest::{ColumnStats, SegmentMeta, segment_relative_path};
+
+/// Rows per Parquet row group: large enough for efficient scans, small enough that row-group
+/// statistics prune well.
+pub const ROW_GROUP_ROWS: usize = 1 << 20;
+/// Rows per data page: the page index prunes at this granularity.
+pub const DATA_PAGE_ROWS: usize = 20_000;
+/// False-positive probability of Bloom filters.
+pub const BLOOM_FILTER_FPP: f64 = 0.01;
+
+/// How segments are written.
+#[derive(Debug, Clone, Default)]
+pub struct SegmentOptions {
+    /// Columns that get a Bloom filter.
+    pub bloom_filter_columns: Vec<String>,
+}
+
+/// Writes one segment file. Dropping it without [`SegmentWriter::finish`] deletes the file.
+pub struct SegmentWriter {
+    id: String,
+    path: PathBuf,
+    schema: SchemaRef,
+    writer: Option<ArrowWriter<BufWriter<File>>>,
+    rows: u64,
+}
+
+impl SegmentWriter {
+    /// Creates `table_dir/data/<id>.parquet` for batches of `schema` (the stored schema).
+    pub(crate) fn create(table_dir: &Path, id: String, schema: SchemaRef, options: &SegmentOptions) -> Result<Self> {
+        let path = table_dir.join(segment_relative_path(&id));
+        let file = File::create_new(&path).map_err(TableError::io("creating", &path))?;
+        let mut props = WriterProperties::builder()
+            .set_max_row_group_size(ROW_GROUP_ROWS)
+            .set_data_page_row_count_limit(DATA_PAGE_ROWS)
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .set_compression(Compression::SNAPPY);
+        for column in &options.bloom_filter_columns {
+            props = props
+                .set_column_bloom_filter_enabled(ColumnPath::from(column.as_str()), true)
+                .set_column_bloom_filter_fpp(ColumnPath::from(column.as_str()), BLOOM_FILTER_FPP);
+        }
+        let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema.clone(), Some(props.build()))
+            .map_err(|e| TableError::WriteSegment { path: path.clone(), reason: e.to_string() })?;
+        Ok(SegmentWriter { id, path, schema, writer: Some(writer), rows: 0 })
+    }
+
+    /// The segment's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Appends a batch. Columns are cast to the stored types when they differ only in
+    /// representation (e.g. `Utf8View` to `Utf8`); names and count must match.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let batch = conform_batch(batch, &self.schema).map_err(|reason| TableError::WriteSegment {
+            path: self.path.clone(),
+            reason,
+        })?;
+        let writer = self.writer.as_mut().expect("write after finish");
+        writer
+            .write(&batch)
+            .map_err(|e| TableError::WriteSegment { path: self.path.clone(), reason: e.to_string() })?;
+        self.rows += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Closes the file, fsyncs it and returns its manifest entry.
+    pub fn finish(mut self) -> Result<SegmentMeta> {
+        let writer = self.writer.take().expect("finish twice");
+        let write_err = |e: parquet::errors::ParquetError| TableError::WriteSegment {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        };
+        let mut writer = writer;
+        let metadata = writer.finish().map_err(write_err)?;
+        // `finish` wrote the footer; flush our buffer and make the file durable before any
+        // manifest can name it.
+        let file = writer.inner_mut();
+        std::io::Write::flush(file).map_err(TableError::io("flushing", &self.path))?;
+        file.get_ref().sync_all().map_err(TableError::io("syncing", &self.path))?;
+        let bytes = file.get_ref().metadata().map_err(TableError::io("reading metadata of", &self.path))?.len();
+        let columns = column_stats(&metadata, &self.schema).map_err(|reason| TableError::WriteSegment {
+            path: self.path.clone(),
+            reason,
+        })?;
+        assert_eq!(metadata.file_metadata().num_rows() as u64, self.rows, "parquet row count differs from rows written");
+        let meta = SegmentMeta {
+            id: self.id.clone(),
+            path: segment_relative_path(&self.id),
+            rows: self.rows,
+            bytes,
+            row_groups: metadata.num_row_groups() as u32,
+            columns,
+        };
+        self.path = PathBuf::new(); // finished: keep the file
+        Ok(meta)
+    }
+}
+
+impl Drop for SegmentWriter {
+    fn drop(&mut self) {
+        if self.writer.is_some() && !self.path.as_os_str().is_empty() {
+            // Aborted: the file belongs to no manifest, so removing it is always safe.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Casts `batch` to `schema` when only the physical representation differs.
+pub fn conform_batch(batch: &RecordBatch, schema: &SchemaRef) -> std::result::Result<RecordBatch, String> {
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch.clone());
+    }
+    if batch.num_columns() != schema.fields().len() {
+        return Err(format!("batch has {} columns, table has {}", batch.num_columns(), schema.fields().len()));
+    }
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (array, field) in batch.columns().iter().zip(schema.fields()) {
+        if !field.is_nullable() && array.null_count() > 0 {
+            return Err(format!("column '{}' is NOT NULL but the data has NULLs", field.name()));
+        }
+        let column = if array.data_type() == field.data_type() {
+            array.clone()
+        } else {
+            cast(array, field.data_type()).map_err(|e| format!("column '{}': {e}", field.name()))?
+        };
+        columns.push(column);
+    }
+    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+}
+
+/// Per-column statistics of a whole segment, from its row-group statistics.
+fn column_stats(metadata: &ParquetMetaData, schema: &SchemaRef) -> std::result::Result<Vec<ColumnStats>, String> {
+    let parquet_schema = metadata.file_metadata().schema_descr();
+    let row_groups = metadata.row_groups();
+    let mut out = Vec::with_capacity(schema.fields().len());
+    for (index, field) in schema.fields().iter().enumerate() {
+        let converter = StatisticsConverter::try_new(field.name(), schema, parquet_schema).map_err(|e| e.to_string())?;
+        let null_counts = converter.row_group_null_counts(row_groups.iter()).map_err(|e| e.to_string())?;
+        let mins = converter.row_group_mins(row_groups.iter()).map_err(|e| e.to_string())?;
+        let maxes = converter.row_group_maxes(row_groups.iter()).map_err(|e| e.to_string())?;
+        // A row group that is all NULL has no bounds and constrains nothing; any other row group
+        // without bounds makes the segment's bounds unknown.
+        let mut complete = true;
+        for (i, rg) in row_groups.iter().enumerate() {
+            let all_null = !null_counts.is_null(i) && null_counts.value(i) as i64 == rg.num_rows();
+            if !all_null && (mins.is_null(i) || maxes.is_null(i)) {
+                complete = false;
+            }
+        }
+        let (min, max) = if complete { (extreme(&mins, false)?, extreme(&maxes, true)?) } else { (None, None) };
+        let null_count = (null_counts.null_count() == 0).then(|| null_counts.values().iter().sum());
+        let mut encodings = Vec::new();
+        let (mut compressed_bytes, mut uncompressed_bytes) = (0u64, 0u64);
+        let mut compression = String::new();
+        for rg in row_groups {
+            let chunk = rg.column(index);
+            for encoding in chunk.encodings() {
+                let name = encoding.to_string();
+                if !encodings.contains(&name) {
+                    encodings.push(name);
+                }
+            }
+            compression = chunk.compression().to_string();
+            compressed_bytes += chunk.compressed_size() as u64;
+            uncompressed_bytes += chunk.uncompressed_size() as u64;
+        }
+        out.push(ColumnStats {
+            name: field.name().clone(),
+            min,
+            max,
+            null_count,
+            encodings,
+            compression,
+            compressed_bytes,
+            uncompressed_bytes,
+        });
+    }
+    Ok(out)
+}
+
+/// The smallest (or largest) non-NULL value of `array` as canonical text.
+fn extreme(array: &ArrayRef, largest: bool) -> std::result::Result<Option<String>, String> {
+    if array.null_count() == array.len() {
+        return Ok(None);
+    }
+    let options = SortOptions { descending: largest, nulls_first: false };
+    let index = sort_to_indices(array, Some(options), Some(1)).map_err(|e| e.to_string())?;
+    let formatter = ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default()).map_err(|e| e.to_string())?;
+    Ok(Some(formatter.value(index.value(0) as usize).to_string()))
+}

@@ -1,0 +1,180 @@
+//! Warehouse behaviour through the public API: commits, statistics, aborts and crash recovery.
+
+use std::sync::Arc;
+
+use arrow::array::{Date32Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use quarry_table::ingest::write_batches;
+use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("day", DataType::Date32, true),
+        Field::new("price", DataType::Decimal128(10, 2), true),
+    ]))
+}
+
+fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
+    let n = ids.end - ids.start;
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter(ids.clone().map(|i| (i % 3 != 0).then(|| format!("name{i:04}"))))),
+            Arc::new(Date32Array::from_iter_values(ids.clone().map(|i| 8000 + i as i32))),
+            Arc::new(Decimal128Array::from_iter_values(ids.map(|i| i as i128 * 125)).with_precision_and_scale(10, 2).unwrap()),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("batch of {n}: {e}"))
+}
+
+fn load(warehouse: &Warehouse, table: &str, mode: WriteMode, ids: std::ops::Range<i64>) -> quarry_table::Manifest {
+    let writer = warehouse.begin_write(table, &schema(), mode, SegmentOptions::default(), vec!["id".into()]).unwrap();
+    let segments = write_batches(&writer, std::iter::once(Ok(batch(ids))), &|_| {}).unwrap();
+    writer.commit(segments, vec![]).unwrap()
+}
+
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn commit_records_rows_and_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let manifest = load(&warehouse, "t", WriteMode::Replace, 1..1001);
+    assert_eq!(manifest.version, 1);
+    assert_eq!(manifest.total_rows(), 1000);
+    let snapshot = warehouse.table("t").unwrap();
+    assert_eq!(snapshot.manifest, manifest);
+    let stats = &manifest.segments[0].columns;
+    assert_eq!((stats[0].min.as_deref(), stats[0].max.as_deref()), (Some("1"), Some("1000")));
+    assert_eq!(stats[1].null_count, Some(333));
+    assert_eq!((stats[1].min.as_deref(), stats[1].max.as_deref()), (Some("name0001"), Some("name1000")));
+    assert_eq!(stats[2].min.as_deref(), Some("1991-11-28"));
+    assert_eq!(stats[3].max.as_deref(), Some("1250.00"));
+    assert!(!stats[0].encodings.is_empty() && stats[0].compression.contains("SNAPPY"));
+    assert_eq!(warehouse.table_names().unwrap(), ["t"]);
+}
+
+#[test]
+fn append_adds_segments_and_replace_swaps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    load(&warehouse, "t", WriteMode::Replace, 0..10);
+    let appended = load(&warehouse, "t", WriteMode::Append, 10..30);
+    assert_eq!((appended.version, appended.segments.len(), appended.total_rows()), (2, 2, 30));
+    let replaced = load(&warehouse, "t", WriteMode::Replace, 0..5);
+    assert_eq!((replaced.version, replaced.total_rows()), (3, 5));
+    // Versions 3 and 2 are retained (2 for readers still planning against it); 1 is gone.
+    assert!(warehouse.table_version("t", 2).is_ok());
+    assert!(warehouse.table_version("t", 1).is_err());
+    assert_eq!(files_in(&dir.path().join("t/data")).len(), 3);
+}
+
+#[test]
+fn append_with_other_columns_is_rejected_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let before = load(&warehouse, "t", WriteMode::Replace, 0..10);
+    let other: SchemaRef = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+    let err = warehouse.begin_write("t", &other, WriteMode::Append, SegmentOptions::default(), vec![]).err().unwrap();
+    assert!(matches!(err, TableError::SchemaMismatch { .. }), "{err}");
+    assert_eq!(warehouse.table("t").unwrap().manifest, before);
+}
+
+#[test]
+fn dropped_writer_leaves_table_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let before = load(&warehouse, "t", WriteMode::Replace, 0..10);
+    {
+        let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions::default(), vec![]).unwrap();
+        let failing = vec![Ok(batch(0..100)), Err(TableError::InvalidInput { file: "x.csv".into(), reason: "bad".into() })];
+        assert!(write_batches(&writer, failing.into_iter(), &|_| {}).is_err());
+    }
+    assert_eq!(warehouse.table("t").unwrap().manifest, before);
+    assert_eq!(files_in(&dir.path().join("t/data")).len(), 1);
+    // A failed first load of a new table leaves no table behind.
+    {
+        let writer = warehouse.begin_write("fresh", &schema(), WriteMode::Replace, SegmentOptions::default(), vec![]).unwrap();
+        write_batches(&writer, std::iter::once(Ok(batch(0..10))), &|_| {}).unwrap();
+    }
+    assert_eq!(warehouse.table_names().unwrap(), ["t"]);
+    assert!(matches!(warehouse.table("fresh"), Err(TableError::TableNotFound(_))));
+}
+
+#[test]
+fn second_writer_is_refused_while_the_first_holds_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let _first = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions::default(), vec![]).unwrap();
+    let err = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions::default(), vec![]).err().unwrap();
+    assert!(matches!(err, TableError::Locked(_)), "{err}");
+}
+
+#[test]
+fn leftovers_of_a_crashed_load_are_removed_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = {
+        let warehouse = Warehouse::open(dir.path()).unwrap();
+        load(&warehouse, "t", WriteMode::Replace, 0..10)
+    };
+    // What a process killed between its steps leaves: an unreferenced segment, a half-written
+    // manifest and a manifest written but never made current.
+    let table = dir.path().join("t");
+    std::fs::write(table.join("data/orphan.parquet"), b"partial").unwrap();
+    std::fs::write(table.join("manifest-00000002.json.tmp"), b"{").unwrap();
+    std::fs::copy(table.join("manifest-00000001.json"), table.join("manifest-00000002.json")).unwrap();
+    std::fs::create_dir_all(dir.path().join("aborted/data")).unwrap();
+    std::fs::write(dir.path().join("aborted/data/x.parquet"), b"partial").unwrap();
+
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    assert_eq!(warehouse.table("t").unwrap().manifest, before);
+    assert_eq!(files_in(&table.join("data")).len(), 1);
+    assert_eq!(files_in(&table), [".lock", "CURRENT", "data", "manifest-00000001.json"]);
+    assert_eq!(warehouse.table_names().unwrap(), ["t"]);
+    assert!(!dir.path().join("aborted/data").exists());
+}
+
+#[test]
+fn corrupt_manifest_is_reported_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    load(&warehouse, "t", WriteMode::Replace, 0..10);
+    std::fs::write(dir.path().join("t/manifest-00000001.json"), b"{not json").unwrap();
+    let err = warehouse.table("t").unwrap_err().to_string();
+    assert!(err.contains("corrupt manifest") && err.contains("manifest-00000001.json"), "{err}");
+}
+
+#[test]
+fn invalid_table_names_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    for name in ["", "../x", "a/b", "1abc", "Upper", "a.b"] {
+        assert!(matches!(warehouse.table(name), Err(TableError::InvalidTableName(_))), "{name}");
+    }
+}
+
+#[test]
+fn parallel_chunks_commit_in_chunk_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions { bloom_filter_columns: vec!["id".into()] }, vec![]).unwrap();
+    let segments = quarry_table::ingest::write_chunks_parallel(
+        &writer,
+        8,
+        3,
+        |i| std::iter::once(batch(i as i64 * 100..i as i64 * 100 + 100)),
+        &|_| {},
+    )
+    .unwrap();
+    let manifest = writer.commit(segments, vec![("generator".into(), "test".into())]).unwrap();
+    let mins: Vec<&str> = manifest.segments.iter().map(|s| s.columns[0].min.as_deref().unwrap()).collect();
+    assert_eq!(mins, ["0", "100", "200", "300", "400", "500", "600", "700"]);
+    assert_eq!(manifest.properties["generator"], "test");
+}

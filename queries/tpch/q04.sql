@@ -1,0 +1,14 @@
+-- TPC-H Q4 (order priority checking): quarter of orders filtered by a correlated EXISTS on lineitem (semi join)
+select
+    o_orderpriority,
+    count(*) as order_count
+from orders
+where o_orderdate >= date '1993-07-01'
+  and o_orderdate < date '1993-07-01' + interval '3' month
+  and exists (
+      select *
+      from lineitem
+      where l_orderkey = o_orderkey
+        and l_commitdate < l_receiptdate)
+group by o_orderpriority
+order by o_orderpriority;

@@ -1,0 +1,755 @@
+"""Shared Python helpers for Quarry's benchmark scripts and tests.
+
+* reading a Quarry warehouse from DuckDB (``segment_paths``, ``duckdb_connect``),
+* running the ``quarry`` binary (``quarry_bin``, ``run_quarry``, ``quarry_query``),
+* comparing two query results (``compare_results``).
+
+Warehouse layout (written by quarry-table)::
+
+    WAREHOUSE/<table>/CURRENT                   -> text: the current manifest's file name
+    WAREHOUSE/<table>/manifest-00000003.json    -> {"schema": {"fields": [...]},
+                                                    "segments": [{"path": "data/x.parquet", ...}]}
+    WAREHOUSE/<table>/data/x.parquet
+
+Only the segments listed in the *current* manifest belong to the table; anything else under
+``data/`` (files of older versions, half-written files of a failed load) is ignored.
+
+Only the standard library and ``duckdb`` are needed (``duckdb`` is imported lazily, so the
+pure helpers work without it).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------------------------
+# Warehouse layout
+# --------------------------------------------------------------------------------------------
+
+
+def current_manifest_path(warehouse: str | os.PathLike, table: str) -> Path:
+    """Path of the manifest that ``WAREHOUSE/<table>/CURRENT`` points at."""
+    table_dir = Path(warehouse) / table
+    name = (table_dir / "CURRENT").read_text(encoding="utf-8").strip()
+    if not name:
+        raise ValueError(f"{table_dir / 'CURRENT'} is empty")
+    return table_dir / name
+
+
+def read_manifest(warehouse: str | os.PathLike, table: str) -> dict:
+    """The current manifest of ``table`` as parsed JSON."""
+    with open(current_manifest_path(warehouse, table), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def segment_paths(warehouse: str | os.PathLike, table: str) -> list[str]:
+    """Absolute paths of the Parquet segments of ``table``'s current version (may be empty)."""
+    table_dir = Path(warehouse).resolve() / table
+    manifest = read_manifest(warehouse, table)
+    paths = []
+    for seg in manifest.get("segments") or []:
+        rel = seg["path"] if isinstance(seg, dict) else seg
+        p = Path(rel)
+        paths.append(str(p if p.is_absolute() else table_dir / p))
+    return paths
+
+
+def list_tables(warehouse: str | os.PathLike) -> list[str]:
+    """Tables of a warehouse: its subdirectories holding a ``CURRENT`` file, sorted."""
+    root = Path(warehouse)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "CURRENT").is_file())
+
+
+_SIMPLE_TYPES = {
+    "null": "INTEGER",
+    "boolean": "BOOLEAN",
+    "int8": "TINYINT",
+    "int16": "SMALLINT",
+    "int32": "INTEGER",
+    "int64": "BIGINT",
+    "uint8": "UTINYINT",
+    "uint16": "USMALLINT",
+    "uint32": "UINTEGER",
+    "uint64": "UBIGINT",
+    "float16": "FLOAT",
+    "float32": "FLOAT",
+    "float64": "DOUBLE",
+    "utf8": "VARCHAR",
+    "largeutf8": "VARCHAR",
+    "utf8view": "VARCHAR",
+    "binary": "BLOB",
+    "largebinary": "BLOB",
+    "binaryview": "BLOB",
+    "date32": "DATE",
+    "date64": "DATE",
+}
+
+
+def arrow_type_to_duckdb(data_type: str) -> str:
+    """Map an Arrow ``DataType`` Display string (as stored in a manifest) to a DuckDB type.
+
+    Handles the primitive types, ``Decimal128(p, s)``/``Decimal256(p, s)``, ``Timestamp(...)`` in
+    both the old (``Timestamp(Microsecond, None)``) and new (``Timestamp(µs)``, ``Timestamp(ns,
+    "+00:00")``) spellings, ``Time32/Time64`` and ``Interval``; a ``FixedSizeBinary(n)`` becomes a
+    BLOB. Raises ``ValueError`` for anything else (lists, structs, ...).
+    """
+    t = data_type.strip()
+    key = t.lower().replace(" ", "")
+    if key in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[key]
+    m = re.fullmatch(r"decimal(?:32|64|128|256)?\((\d+),(-?\d+)\)", key)
+    if m:
+        p, s = int(m.group(1)), int(m.group(2))
+        if p > 38:  # DuckDB's widest decimal; Quarry never writes these for the test data
+            return "DOUBLE"
+        return f"DECIMAL({p},{max(s, 0)})"
+    if key.startswith("timestamp"):
+        inner = key[len("timestamp(") : -1] if key.endswith(")") else ""
+        parts = [x for x in inner.split(",") if x]
+        has_tz = len(parts) > 1 and parts[1] not in ("none",)
+        return "TIMESTAMPTZ" if has_tz else "TIMESTAMP"
+    if key.startswith("time32") or key.startswith("time64"):
+        return "TIME"
+    if key.startswith("interval") or key.startswith("duration"):
+        return "INTERVAL"
+    if key.startswith("fixedsizebinary"):
+        return "BLOB"
+    if key.startswith("dictionary("):
+        # Dictionary(Int32, Utf8): the value type decides.
+        inner = t[t.index("(") + 1 : -1]
+        return arrow_type_to_duckdb(inner.split(",", 1)[1])
+    raise ValueError(f"no DuckDB type for Arrow type {data_type!r}")
+
+
+def quote_ident(name: str) -> str:
+    """Quote an SQL identifier (works for DuckDB and DataFusion)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_string(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def duckdb_connect(
+    warehouse: str | os.PathLike,
+    tables: Iterable[str] | None = None,
+    threads: int | None = None,
+):
+    """An in-memory DuckDB connection with one view per warehouse table.
+
+    Each view reads exactly the segments of the table's current manifest
+    (``read_parquet([...])``); a table without segments becomes an empty table with the
+    manifest's schema. ``tables`` restricts the set (default: every table of the warehouse).
+    """
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    names = list(tables) if tables is not None else list_tables(warehouse)
+    for table in names:
+        paths = segment_paths(warehouse, table)
+        ident = quote_ident(table)
+        if paths:
+            files = ", ".join(sql_string(p) for p in paths)
+            con.execute(f"CREATE VIEW {ident} AS SELECT * FROM read_parquet([{files}])")
+        else:
+            fields = read_manifest(warehouse, table).get("schema", {}).get("fields", [])
+            if not fields:
+                raise ValueError(f"table {table!r} has neither segments nor a schema in its manifest")
+            cols = ", ".join(
+                f"{quote_ident(f['name'])} {arrow_type_to_duckdb(f['data_type'])}" for f in fields
+            )
+            con.execute(f"CREATE TABLE {ident} ({cols})")
+    return con
+
+
+@dataclass
+class Result:
+    """A query result: column names, DuckDB type strings and rows (tuples of Python values)."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple]
+
+    @property
+    def decimal_scales(self) -> list[int | None]:
+        return [decimal_scale(t) for t in self.types]
+
+
+def decimal_scale(type_name: str) -> int | None:
+    """Scale of a DuckDB ``DECIMAL(p,s)`` type string, else None."""
+    m = re.fullmatch(r"DECIMAL\((\d+),\s*(\d+)\)", str(type_name).strip(), re.IGNORECASE)
+    return int(m.group(2)) if m else None
+
+
+def duckdb_result(con, sql: str) -> Result:
+    """Run ``sql`` on a DuckDB connection and return the whole result."""
+    cur = con.execute(sql)
+    rows = cur.fetchall()
+    desc = cur.description or []
+    return Result([d[0] for d in desc], [str(d[1]) for d in desc], [tuple(r) for r in rows])
+
+
+def read_parquet_result(path: str | os.PathLike) -> Result:
+    """Read a Parquet file (e.g. Quarry's ``--format parquet`` output) with DuckDB."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    try:
+        return duckdb_result(con, f"SELECT * FROM read_parquet({sql_string(str(path))})")
+    finally:
+        con.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Running the binary
+# --------------------------------------------------------------------------------------------
+
+
+class QuarryError(RuntimeError):
+    """``quarry`` exited with a non-zero status."""
+
+    def __init__(self, args: Sequence[str], returncode: int, stdout: str, stderr: str):
+        self.args_ = list(args)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        super().__init__(
+            f"quarry exited with status {returncode}: {' '.join(map(str, args))}\n"
+            f"--- stderr ---\n{stderr.strip()}\n--- stdout (tail) ---\n{stdout[-2000:].strip()}"
+        )
+
+
+def quarry_bin() -> str:
+    """Path of the quarry binary: ``$QUARRY_BIN`` or ``<repo>/target/release/quarry``."""
+    return os.environ.get("QUARRY_BIN") or str(REPO_ROOT / "target" / "release" / "quarry")
+
+
+def run_quarry(
+    args: Sequence[str],
+    warehouse: str | os.PathLike | None = None,
+    *,
+    check: bool = True,
+    timeout: float | None = 1800,
+    env: dict | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``quarry [--warehouse W] ARGS...`` and capture its output (text).
+
+    With ``check`` (the default) a non-zero exit raises :class:`QuarryError` carrying stderr.
+    """
+    cmd = [quarry_bin()]
+    if warehouse is not None:
+        cmd += ["--warehouse", str(warehouse)]
+    cmd += [str(a) for a in args]
+    full_env = dict(os.environ)
+    full_env.setdefault("RUST_BACKTRACE", "0")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=timeout,
+        env=full_env,
+        input=input,
+        stdin=None if input is not None else subprocess.DEVNULL,
+    )
+    if check and proc.returncode != 0:
+        raise QuarryError(cmd, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def quarry_query(
+    warehouse: str | os.PathLike,
+    sql: str | None = None,
+    *,
+    file: str | os.PathLike | None = None,
+    threads: int | None = None,
+    stats: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike | None = None,
+) -> Result:
+    """Run one query through ``quarry sql ... --format parquet --output X`` and read X back."""
+    if (sql is None) == (file is None):
+        raise ValueError("give exactly one of sql and file")
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="quarry-result-")
+        out_dir = tmp.name
+    try:
+        out = Path(out_dir) / f"result-{os.getpid()}-{next(_counter)}.parquet"
+        args = ["sql"]
+        args += [sql] if sql is not None else ["-f", str(file)]
+        args += ["--format", "parquet", "--output", str(out)]
+        if threads:
+            args += ["--threads", str(threads)]
+        if stats:
+            args += ["--stats", str(stats)]
+        run_quarry(args, warehouse)
+        if not out.exists():
+            raise RuntimeError(f"quarry exited 0 but wrote no {out}")
+        return read_parquet_result(out)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _count():
+    n = 0
+    while True:
+        n += 1
+        yield n
+
+
+_counter = _count()
+
+
+# --------------------------------------------------------------------------------------------
+# SQL text helpers
+# --------------------------------------------------------------------------------------------
+
+
+def strip_sql_comments(sql: str) -> str:
+    """Remove ``-- ...`` and ``/* ... */`` comments (outside string literals)."""
+    out, i, n = [], 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c == "'" or c == '"':
+            j = i + 1
+            while j < n:
+                if sql[j] == c:
+                    if j + 1 < n and sql[j + 1] == c:
+                        j += 2
+                        continue
+                    break
+                j += 1
+            out.append(sql[i : j + 1])
+            i = j + 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _mask_nested(sql: str) -> str:
+    """Blank out string literals and everything inside parentheses (keeps offsets)."""
+    out = list(sql)
+    depth, i, n = 0, 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in "'\"":
+            j = i + 1
+            while j < n and not (sql[j] == c and not (j + 1 < n and sql[j + 1] == c)):
+                j += 2 if (sql[j] == c) else 1
+            for k in range(i, min(j + 1, n)):
+                out[k] = " "
+            i = j + 1
+            continue
+        if c == "(":
+            depth += 1
+            out[i] = " "
+        elif c == ")":
+            depth -= 1
+            out[i] = " "
+        elif depth > 0:
+            out[i] = " "
+        i += 1
+    return "".join(out)
+
+
+def top_level_order_by(sql: str) -> list[str] | None:
+    """The items of the statement's top-level ORDER BY (without ASC/DESC/NULLS ...), or None."""
+    text = strip_sql_comments(sql).strip().rstrip(";")
+    masked = _mask_nested(text)
+    matches = list(re.finditer(r"\border\s+by\b", masked, re.IGNORECASE))
+    if not matches:
+        return None
+    m = matches[-1]
+    tail_masked = masked[m.end() :]
+    stop = re.search(r"\b(limit|offset|fetch)\b", tail_masked, re.IGNORECASE)
+    clause = text[m.end() : m.end() + (stop.start() if stop else len(tail_masked))]
+    items, depth, cur = [], 0, []
+    for ch in clause:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    cleaned = []
+    for it in items:
+        it = re.sub(r"\s+nulls\s+(first|last)\s*$", "", it.strip(), flags=re.IGNORECASE)
+        it = re.sub(r"\s+(asc|desc)\s*$", "", it, flags=re.IGNORECASE)
+        cleaned.append(it.strip())
+    return cleaned
+
+
+def has_top_level_order_by(sql: str) -> bool:
+    return top_level_order_by(sql) is not None
+
+
+def order_key_indices(sql: str, columns: Sequence[str]) -> list[int] | None:
+    """Result-column indices of the top-level ORDER BY items when every item names an output
+    column (by name, ``table.name`` or 1-based position); None when there is no ORDER BY or an
+    item is an expression (then the caller compares the order strictly)."""
+    items = top_level_order_by(sql)
+    if not items:
+        return None
+    lower = [c.lower() for c in columns]
+    idx = []
+    for it in items:
+        name = it.strip().strip('"').lower()
+        if name.isdigit() and 1 <= int(name) <= len(columns):
+            idx.append(int(name) - 1)
+            continue
+        name = name.split(".")[-1].strip('"')
+        if name in lower:
+            idx.append(lower.index(name))
+        else:
+            return None
+    return idx
+
+
+# --------------------------------------------------------------------------------------------
+# Result comparison
+# --------------------------------------------------------------------------------------------
+
+FLOAT_REL_TOL = 1e-9
+FLOAT_ABS_TOL = 1e-12
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    message: str = ""
+
+    def __bool__(self) -> bool:  # so `assert compare_results(...)` works
+        return self.ok
+
+    def __str__(self) -> str:
+        return self.message or ("results match" if self.ok else "results differ")
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float, decimal.Decimal)) and not isinstance(v, bool)
+
+
+def _scale_of(v: decimal.Decimal, declared: int | None) -> int:
+    if declared is not None:
+        return declared
+    exp = v.as_tuple().exponent
+    return -exp if isinstance(exp, int) and exp < 0 else 0
+
+
+def values_equal(a: Any, b: Any, scale_a: int | None = None, scale_b: int | None = None) -> bool:
+    """Compare two cell values with the rules of :func:`compare_results`."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if _is_num(a) and _is_num(b):
+        a_dec, b_dec = isinstance(a, decimal.Decimal), isinstance(b, decimal.Decimal)
+        if isinstance(a, float) or isinstance(b, float):
+            fa, fb = float(a), float(b)
+            if math.isnan(fa) or math.isnan(fb):
+                return math.isnan(fa) and math.isnan(fb)
+            if math.isinf(fa) or math.isinf(fb):
+                return fa == fb
+            tol = max(FLOAT_REL_TOL * max(abs(fa), abs(fb)), FLOAT_ABS_TOL)
+            if a_dec or b_dec:
+                # A decimal cut to its scale (DataFusion truncates AVG and division results at the
+                # result scale, others round) is less than one unit away from the exact value.
+                s = _scale_of(a if a_dec else b, scale_a if a_dec else scale_b)
+                return abs(fa - fb) < max(tol, 10.0 ** (-s) * (1 + 1e-9))
+            return abs(fa - fb) <= tol
+        if a_dec and b_dec:
+            da, db = a, b
+            sa, sb = _scale_of(da, scale_a), _scale_of(db, scale_b)
+            coarse = min(sa, sb)
+            if sa == sb:
+                return da == db
+            # Both sides are exact at their own scale; the finer one may hold digits that the
+            # coarser one rounded or truncated away: less than one unit of the coarser scale.
+            return abs(da - db) < decimal.Decimal(1).scaleb(-coarse)
+        # int vs int, or int vs decimal: exact
+        return decimal.Decimal(a) == decimal.Decimal(b)
+    if isinstance(a, _dt.datetime) and isinstance(b, _dt.datetime):
+        if (a.tzinfo is None) != (b.tzinfo is None):
+            a, b = a.replace(tzinfo=None), b.replace(tzinfo=None)
+        return a == b
+    if type(a) is _dt.date and isinstance(b, _dt.datetime) or type(b) is _dt.date and isinstance(a, _dt.datetime):
+        return False
+    if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
+        return bytes(a) == bytes(b) if not isinstance(a, str) and not isinstance(b, str) else False
+    return a == b
+
+
+def _sort_key_value(v):
+    """A total-order key: type-group first, then a normalized value (floats rounded)."""
+    if v is None:
+        return (0, 0)
+    if isinstance(v, bool):
+        return (1, int(v))
+    if _is_num(v):
+        f = float(v)
+        if math.isnan(f):
+            return (2, float("inf"), 1)
+        if f == 0 or math.isinf(f):
+            return (2, f, 0)
+        digits = 9 - int(math.floor(math.log10(abs(f))))
+        return (2, round(f, digits), 0)
+    if isinstance(v, _dt.datetime):
+        return (3, v.replace(tzinfo=None).isoformat())
+    if isinstance(v, _dt.date):
+        return (3, v.isoformat())
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return (5, bytes(v))
+    return (4, str(v))
+
+
+def _row_key(row):
+    return tuple(_sort_key_value(v) for v in row)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, decimal.Decimal):
+        return f"Decimal('{v}')"
+    return repr(v)
+
+
+def _fmt_row(row) -> str:
+    return "(" + ", ".join(_fmt(v) for v in row) + ")"
+
+
+def _rows_equal(qa, dr, scales_q, scales_d) -> bool:
+    return len(qa) == len(dr) and all(
+        values_equal(x, y, sq, sd) for x, y, sq, sd in zip(qa, dr, scales_q, scales_d)
+    )
+
+
+def _multiset_match(q_rows, d_rows, scales_q, scales_d):
+    """Match rows order-insensitively. Returns (unmatched quarry rows, unmatched duckdb rows)."""
+    qs = sorted(q_rows, key=_row_key)
+    ds = sorted(d_rows, key=_row_key)
+    un_q, un_d = [], []
+    i = j = 0
+    # Fast path: walk both sorted lists; on a mismatch, set the smaller-keyed row aside.
+    while i < len(qs) and j < len(ds):
+        if _rows_equal(qs[i], ds[j], scales_q, scales_d):
+            i += 1
+            j += 1
+        elif _row_key(qs[i]) <= _row_key(ds[j]):
+            un_q.append(qs[i])
+            i += 1
+        else:
+            un_d.append(ds[j])
+            j += 1
+    un_q.extend(qs[i:])
+    un_d.extend(ds[j:])
+    # Slow path for near-equal values that normalized to different sort keys.
+    if un_q and un_d and len(un_q) * len(un_d) <= 4_000_000:
+        rest_d = list(un_d)
+        still_q = []
+        for r in un_q:
+            for k, d in enumerate(rest_d):
+                if _rows_equal(r, d, scales_q, scales_d):
+                    del rest_d[k]
+                    break
+            else:
+                still_q.append(r)
+        un_q, un_d = still_q, rest_d
+    return un_q, un_d
+
+
+def compare_results(
+    quarry_rows: Sequence[Sequence],
+    duck_rows: Sequence[Sequence],
+    ordered: bool = False,
+    decimal_scales: Sequence | None = None,
+    *,
+    order_key: Sequence[int] | None = None,
+    columns: Sequence[str] | None = None,
+    max_diff_rows: int = 10,
+) -> Comparison:
+    """Compare Quarry's rows with DuckDB's.
+
+    * ``ordered``: rows must come in the same order (the query has a top-level ORDER BY). With
+      ``order_key`` (the result-column indices of the ORDER BY items) rows whose key values are
+      all equal form a tie group, compared order-insensitively, so a legitimate different order
+      of ties is accepted; the sequence of key values itself must match.
+    * values: NULL == NULL; ints exact; floats within 1e-9 relative; decimals (from either side)
+      of different scales within one unit of the coarser side's scale, float vs decimal within one
+      unit of the decimal's scale (a result cut to its scale is off by less than one unit: half a
+      unit when the engine rounds, but DataFusion truncates AVG and decimal division results, e.g.
+      avg 25.2804186 comes back as 25.280418); decimals of equal scale, dates, timestamps and
+      strings exact.
+    * ``decimal_scales``: per column, the declared decimal scale — either one int/None per column
+      (used for both sides) or a ``(quarry_scale, duckdb_scale)`` pair per column. Without it the
+      scale of each Decimal value is its exponent (DuckDB keeps the column scale in the value).
+
+    Returns a :class:`Comparison` (truthy when equal) whose message shows the first differences.
+    """
+    q_rows = [tuple(r) for r in quarry_rows]
+    d_rows = [tuple(r) for r in duck_rows]
+    width_q = {len(r) for r in q_rows}
+    width_d = {len(r) for r in d_rows}
+    ncols = max(width_q | width_d | {0})
+    if q_rows and d_rows and width_q != width_d:
+        return Comparison(False, f"column counts differ: quarry {sorted(width_q)}, duckdb {sorted(width_d)}")
+    scales_q: list[int | None] = [None] * ncols
+    scales_d: list[int | None] = [None] * ncols
+    if decimal_scales is not None:
+        for i, s in enumerate(list(decimal_scales)[:ncols]):
+            if isinstance(s, (tuple, list)):
+                scales_q[i], scales_d[i] = s[0], s[1]
+            else:
+                scales_q[i] = scales_d[i] = s
+    header = ""
+    if columns:
+        header = "columns: " + ", ".join(columns) + "\n"
+
+    problems: list[str] = []
+    if len(q_rows) != len(d_rows):
+        problems.append(f"row counts differ: quarry {len(q_rows)}, duckdb {len(d_rows)}")
+
+    if not ordered:
+        un_q, un_d = _multiset_match(q_rows, d_rows, scales_q, scales_d)
+        if not un_q and not un_d and not problems:
+            return Comparison(True)
+        lines = problems + [
+            f"{len(un_q)} quarry row(s) without an equal duckdb row, "
+            f"{len(un_d)} duckdb row(s) without an equal quarry row (order-insensitive)"
+        ]
+        if un_q:
+            lines.append("only in quarry:")
+            lines += ["  " + _fmt_row(r) for r in un_q[:max_diff_rows]]
+        if un_d:
+            lines.append("only in duckdb:")
+            lines += ["  " + _fmt_row(r) for r in un_d[:max_diff_rows]]
+        return Comparison(False, header + "\n".join(lines))
+
+    # Ordered comparison.
+    diffs = []
+    if order_key:
+        # Split duckdb's rows into tie groups by key; compare group by group.
+        i = 0
+        while i < len(d_rows) and i < len(q_rows):
+            j = i + 1
+            while j < len(d_rows) and all(
+                values_equal(d_rows[j][k], d_rows[i][k], scales_d[k], scales_d[k]) for k in order_key
+            ):
+                j += 1
+            group_d = d_rows[i:j]
+            group_q = q_rows[i:j]
+            if len(group_d) == 1:
+                if not _rows_equal(group_q[0], group_d[0], scales_q, scales_d):
+                    diffs.append((i, group_q[0], group_d[0]))
+            else:
+                un_q, un_d = _multiset_match(group_q, group_d, scales_q, scales_d)
+                if un_q or un_d:
+                    # A group cut by LIMIT may legitimately hold different tied rows when it is the
+                    # last group; anything else is a real difference.
+                    last_group = j >= len(d_rows)
+                    keys_ok = all(
+                        all(values_equal(r[k], group_d[0][k], scales_q[k], scales_d[k]) for k in order_key)
+                        for r in group_q
+                    )
+                    if not (last_group and keys_ok and len(group_q) == len(group_d)):
+                        for r_q, r_d in zip(un_q + [None] * len(un_d), un_d + [None] * len(un_q)):
+                            diffs.append((i, r_q, r_d))
+                            if len(diffs) >= max_diff_rows:
+                                break
+            if len(diffs) >= max_diff_rows:
+                break
+            i = j
+    else:
+        for i, (r_q, r_d) in enumerate(zip(q_rows, d_rows)):
+            if not _rows_equal(r_q, r_d, scales_q, scales_d):
+                diffs.append((i, r_q, r_d))
+                if len(diffs) >= max_diff_rows:
+                    break
+    if not diffs and not problems:
+        return Comparison(True)
+    lines = list(problems)
+    if diffs:
+        lines.append(f"first differing rows (ordered comparison{', ties by ' + str(list(order_key)) if order_key else ''}):")
+        for i, r_q, r_d in diffs:
+            lines.append(f"  row {i}: quarry {_fmt_row(r_q) if r_q is not None else '-'}")
+            lines.append(f"  row {i}: duckdb {_fmt_row(r_d) if r_d is not None else '-'}")
+    elif problems and len(q_rows) != len(d_rows):
+        n = min(len(q_rows), len(d_rows))
+        extra = q_rows[n:] if len(q_rows) > n else d_rows[n:]
+        who = "quarry" if len(q_rows) > n else "duckdb"
+        lines.append(f"the first {n} rows agree; extra {who} rows:")
+        lines += ["  " + _fmt_row(r) for r in extra[:max_diff_rows]]
+    return Comparison(False, header + "\n".join(lines))
+
+
+def compare_query_results(sql: str, quarry: Result, duck: Result, **kw) -> Comparison:
+    """Compare two :class:`Result` objects of the same SQL: ordered (with tie groups) when the
+    SQL has a top-level ORDER BY, otherwise order-insensitive."""
+    ordered = has_top_level_order_by(sql)
+    order_key = order_key_indices(sql, duck.columns) if ordered else None
+    scales = list(zip(quarry.decimal_scales, duck.decimal_scales)) if quarry.types and duck.types else None
+    if len(quarry.columns) != len(duck.columns) and quarry.rows and duck.rows:
+        return Comparison(
+            False, f"column counts differ: quarry {quarry.columns}, duckdb {duck.columns}"
+        )
+    return compare_results(
+        quarry.rows,
+        duck.rows,
+        ordered=ordered,
+        decimal_scales=scales,
+        order_key=order_key,
+        columns=duck.columns,
+        **kw,
+    )
+
+
+def query_files(suite: str) -> list[Path]:
+    """The query files of a suite (``ssb`` or ``tpch``), in natural order."""
+    files = list((REPO_ROOT / "queries" / suite).glob("*.sql"))
+    return sorted(files, key=lambda p: query_sort_key(p.stem))
+
+
+def query_sort_key(name: str) -> tuple:
+    """Natural order key for ``q1.1``/``q01``/``Q1``-style query names."""
+    nums = re.findall(r"\d+", name)
+    return tuple(int(n) for n in nums) if nums else (float("inf"), name)
+
+
+def normalize_query_name(name: str) -> str:
+    """``q01`` -> ``q1``, ``Q1.1`` -> ``q1.1``, ``q01.sql`` -> ``q1`` (for matching names)."""
+    stem = Path(str(name)).name
+    if stem.lower().endswith(".sql"):
+        stem = stem[:-4]
+    nums = re.findall(r"\d+", stem)
+    return "q" + ".".join(str(int(n)) for n in nums) if nums else stem.lower()

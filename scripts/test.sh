@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust unit and integration tests, then the Python tests that check
+# Quarry's results against DuckDB through the `quarry` binary. One build profile (release) serves
+# both, so dependencies compile once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release --locked --bin quarry
+cargo test --release --locked --workspace
+
+python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+export QUARRY_BIN="$PWD/target/release/quarry"
+python3 -m pytest tests/python -q -p no:cacheprovider
