@@ -167,7 +167,7 @@ def build_report(args, quarry: dict[str, dict], duck: list[dict]) -> dict:
         "sf": args.sf,
         "threads": args.threads,
         "repeat": args.repeat,
-        "statistic": f"best of {args.repeat} runs (after one warm-up run for DuckDB), milliseconds",
+        "statistic": f"best of {args.repeat} timed runs after one warm-up run (both engines), milliseconds",
         "duckdb_version": duckdb.__version__,
         "quarry_bin": q.quarry_bin(),
         "queries": rows,

@@ -51,9 +51,12 @@ enum Dataset {
     },
 }
 
+/// Manifest properties recording how a table was made.
+type Properties = Vec<(String, String)>;
+
 pub fn run(warehouse: &Path, args: GenArgs, threads: usize) -> CliResult {
     let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
-    let (tables, properties): (Vec<Box<dyn TableGenerator>>, Vec<(String, String)>) = match args.dataset {
+    let (tables, properties): (Vec<Box<dyn TableGenerator>>, Properties) = match args.dataset {
         Dataset::Ssb { sf, seed } => {
             check_sf(sf)?;
             (quarry_gen::ssb::ssb_tables(sf, seed), vec![prop("generator", "ssb"), prop("scale_factor", sf), prop("seed", seed)])

@@ -47,8 +47,10 @@ pub struct LoadArgs {
     bloom_filter: Vec<String>,
 }
 
-pub fn run(warehouse: &Path, args: LoadArgs, threads: usize) -> CliResult {
+pub fn run(warehouse: &Path, mut args: LoadArgs, threads: usize) -> CliResult {
     let started = Instant::now();
+    // Table names fold to lowercase, as unquoted SQL identifiers do.
+    args.table = args.table.to_lowercase();
     let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
     let format = args.format.clone().unwrap_or_else(|| {
         let parquet = args.path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
@@ -67,7 +69,7 @@ pub fn run(warehouse: &Path, args: LoadArgs, threads: usize) -> CliResult {
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)
                 .and_then(|b| b.with_batch_size(64 * 1024).build())
                 .map_err(|e| format!("{}: not a readable Parquet file: {e}", args.path.display()))?;
-            let schema = reader.schema();
+            let schema = arrow::array::RecordBatchReader::schema(&reader);
             let writer = warehouse.begin_write(&args.table, &schema, mode, options, vec![]).map_err(|e| e.to_string())?;
             let path = args.path.clone();
             let batches = reader.map(|b: Result<RecordBatch, _>| {

@@ -1,6 +1,5 @@
 //! DataFusion catalog integration: the node's tables appear as SQL tables.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -33,10 +32,6 @@ impl NodeSchemaProvider {
 
 #[async_trait]
 impl SchemaProvider for NodeSchemaProvider {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn table_names(&self) -> Vec<String> {
         self.names.clone()
     }
@@ -63,10 +58,6 @@ pub struct StorageTable {
 
 #[async_trait]
 impl TableProvider for StorageTable {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.info.schema)
     }

@@ -11,6 +11,7 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement};
+use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
 use futures::StreamExt;
 use quarry_storage::StorageNode;
 
@@ -77,7 +78,8 @@ impl QuarrySession {
     /// Splits SQL text into statements; syntax errors carry line and column.
     pub fn parse(&self, sql: &str) -> Result<Vec<Statement>> {
         let dialect = self.ctx.state().config().options().sql_parser.dialect;
-        let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?;
+        let dialect = dialect_from_str(dialect.as_ref()).unwrap_or_else(|| Box::new(GenericDialect {}));
+        let statements = DFParser::parse_sql_with_dialect(sql, dialect.as_ref()).map_err(|e| with_end_position(e, sql))?;
         if statements.is_empty() {
             return plan_err!("no SQL statement given");
         }
@@ -85,7 +87,11 @@ impl QuarrySession {
     }
 
     /// Runs one statement, streaming its rows into `sink`.
-    pub async fn execute(&self, statement: Statement, sink_for: impl FnOnce(&SchemaRef) -> Result<Box<dyn ResultSink + '_>>) -> Result<QueryStats> {
+    pub async fn execute<'a>(
+        &self,
+        statement: Statement,
+        sink_for: impl FnOnce(&SchemaRef) -> Result<Box<dyn ResultSink + 'a>>,
+    ) -> Result<QueryStats> {
         let started = Instant::now();
         let state = self.ctx.state();
         let plan = state.statement_to_plan(statement).await?;
@@ -156,19 +162,41 @@ fn check_read_only(plan: &LogicalPlan) -> Result<()> {
     }
 }
 
+/// The parser reports a position only when it stopped at a token; at the end of the input it
+/// does not, so add the position of the end.
+fn with_end_position(error: DataFusionError, sql: &str) -> DataFusionError {
+    match error {
+        DataFusionError::SQL(e, backtrace) if !e.to_string().contains("Line:") => {
+            let line = sql.trim_end().lines().count().max(1);
+            let column = sql.trim_end().lines().last().map_or(0, |l| l.chars().count()) + 1;
+            let message = format!("{} at end of input, Line: {line}, Column: {column}", e.to_string().trim_start_matches("sql parser error: "));
+            DataFusionError::SQL(Box::new(datafusion::sql::sqlparser::parser::ParserError::ParserError(message)), backtrace)
+        }
+        other => other,
+    }
+}
+
 /// A one-line message for the user: the error's own words, without DataFusion's internal
 /// wrapping, with the position for syntax errors.
 pub fn user_message(error: &DataFusionError) -> String {
+    let message = raw_message(error);
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn raw_message(error: &DataFusionError) -> String {
     match error {
         DataFusionError::SQL(e, _) => format!("SQL syntax error: {}", e.to_string().trim_start_matches("sql parser error: ")),
-        DataFusionError::Context(_, inner) | DataFusionError::Diagnostic(_, inner) => user_message(inner),
-        DataFusionError::Shared(inner) => user_message(inner),
+        DataFusionError::Context(_, inner) | DataFusionError::Diagnostic(_, inner) => raw_message(inner),
+        DataFusionError::Shared(inner) => raw_message(inner),
         DataFusionError::External(e) => match e.downcast_ref::<DataFusionError>() {
-            Some(inner) => user_message(inner),
+            Some(inner) => raw_message(inner),
             None => e.to_string(),
         },
-        DataFusionError::Collection(errors) if !errors.is_empty() => user_message(&errors[0]),
+        DataFusionError::Collection(errors) if !errors.is_empty() => raw_message(&errors[0]),
         DataFusionError::Plan(m) | DataFusionError::Execution(m) | DataFusionError::NotImplemented(m) => m.trim().to_string(),
+        // DataFusion reports some user errors (e.g. an aggregate over an unsupported type) as
+        // internal ones; its message is what helps, not the request to file a bug.
+        DataFusionError::Internal(m) => m.trim().to_string(),
         other => other.message().trim().to_string(),
     }
 }

@@ -63,3 +63,35 @@ pub(crate) fn chunk_rng(seed: u64, table: u64, chunk: usize) -> ChaCha8Rng {
 pub(crate) fn chunks_for(units: u64, per_chunk: u64) -> usize {
     units.div_ceil(per_chunk.max(1)).max(1) as usize
 }
+
+/// Helpers shared by the generators' tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use arrow::array::{AsArray, RecordBatch};
+    use arrow::compute::concat_batches;
+    use arrow::datatypes::ArrowPrimitiveType;
+
+    use crate::{BATCH_ROWS, TableGenerator};
+
+    /// Every chunk of `table`, generated in index order (or reversed) and put back in index
+    /// order, as one batch; checks each batch's schema and size on the way.
+    pub fn generate_all(table: &dyn TableGenerator, reverse: bool) -> RecordBatch {
+        let mut order: Vec<usize> = (0..table.chunk_count()).collect();
+        if reverse {
+            order.reverse();
+        }
+        let mut chunks: Vec<(usize, Vec<RecordBatch>)> = order.into_iter().map(|i| (i, table.chunk(i).collect())).collect();
+        chunks.sort_by_key(|(i, _)| *i);
+        let batches: Vec<RecordBatch> = chunks.into_iter().flat_map(|(_, b)| b).collect();
+        for b in &batches {
+            assert_eq!(b.schema(), table.schema(), "{}: batch schema", table.name());
+            assert!(b.num_rows() <= BATCH_ROWS);
+        }
+        concat_batches(&table.schema(), &batches).expect("same schema")
+    }
+
+    /// The values of a primitive column.
+    pub fn values<T: ArrowPrimitiveType>(batch: &RecordBatch, name: &str) -> Vec<T::Native> {
+        batch.column_by_name(name).expect("column exists").as_primitive::<T>().values().to_vec()
+    }
+}

@@ -52,8 +52,8 @@ use std::sync::{Arc, LazyLock};
 use arrow::array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use chrono::{Datelike, Days, NaiveDate, Weekday};
-use rand::distr::{Distribution, Uniform};
 use rand::RngCore;
+use rand::distr::{Distribution, Uniform};
 use rand_chacha::ChaCha8Rng;
 use tpchgen::distribution::Distributions;
 
@@ -112,11 +112,18 @@ impl SsbScale {
     /// # Panics
     /// If `sf` is not a positive finite number.
     pub fn new(sf: f64) -> Self {
-        assert!(sf.is_finite() && sf > 0.0, "SSB scale factor must be positive, got {sf}");
+        assert!(
+            sf.is_finite() && sf > 0.0,
+            "SSB scale factor must be positive, got {sf}"
+        );
         let scaled = |per_sf: f64| ((per_sf * sf).round() as u64).max(1);
         // Parts grow logarithmically (spec: 200,000 × ⌊1 + log2 SF⌋); below SF 1 the log is
         // negative, and the spec's minimum of one multiple keeps every brand populated.
-        let part_multiple = if sf >= 1.0 { (1.0 + sf.log2()).floor() as u64 } else { 1 };
+        let part_multiple = if sf >= 1.0 {
+            (1.0 + sf.log2()).floor() as u64
+        } else {
+            1
+        };
         Self {
             orders: scaled(ORDERS_PER_SF),
             customers: scaled(CUSTOMERS_PER_SF),
@@ -146,10 +153,18 @@ pub(crate) fn ssb_tables_chunked(
     let scale = SsbScale::new(sf);
     let chunk_rows = chunk_rows.max(AVG_LINES_PER_ORDER);
     vec![
-        Box::new(Lineorder { scale, seed, orders_per_chunk: chunk_rows / AVG_LINES_PER_ORDER }),
+        Box::new(Lineorder {
+            scale,
+            seed,
+            orders_per_chunk: chunk_rows / AVG_LINES_PER_ORDER,
+        }),
         Box::new(Located::customer(scale.customers, seed, chunk_rows)),
         Box::new(Located::supplier(scale.suppliers, seed, chunk_rows)),
-        Box::new(Part { rows: scale.parts, seed, chunk_rows }),
+        Box::new(Part {
+            rows: scale.parts,
+            seed,
+            chunk_rows,
+        }),
         Box::new(DateTable),
     ]
 }
@@ -210,7 +225,11 @@ static WORDS: LazyLock<Words> = LazyLock::new(|| {
             // In dists.dss a nation's cumulative weight is its region key.
             let region = regions[nations.get_weight(i) as usize];
             let prefix: String = format!("{:<9.9}", name);
-            Nation { name, region, cities: std::array::from_fn(|d| format!("{prefix}{d}")) }
+            Nation {
+                name,
+                region,
+                cities: std::array::from_fn(|d| format!("{prefix}{d}")),
+            }
         })
         .collect();
     Words {
@@ -336,11 +355,20 @@ impl TableGenerator for Lineorder {
     fn chunk(&self, index: usize) -> Box<dyn Iterator<Item = RecordBatch> + Send + '_> {
         let first = index as u64 * self.orders_per_chunk + 1;
         let end = (first + self.orders_per_chunk).min(self.scale.orders + 1);
-        Box::new(LineorderChunk::new(self, chunk_rng(self.seed, LINEORDER_TAG, index), first, end))
+        Box::new(LineorderChunk::new(
+            self,
+            chunk_rng(self.seed, LINEORDER_TAG, index),
+            first,
+            end,
+        ))
     }
 
     fn bloom_filter_columns(&self) -> Vec<String> {
-        vec!["lo_custkey".into(), "lo_partkey".into(), "lo_suppkey".into()]
+        vec![
+            "lo_custkey".into(),
+            "lo_partkey".into(),
+            "lo_suppkey".into(),
+        ]
     }
 
     fn sort_key(&self) -> Vec<String> {
@@ -511,11 +539,29 @@ struct Located {
 
 impl Located {
     fn customer(rows: u64, seed: u64, chunk_rows: u64) -> Self {
-        Self::new("customer", "c", "Customer#", true, CUSTOMER_TAG, rows, seed, chunk_rows)
+        Self::new(
+            "customer",
+            "c",
+            "Customer#",
+            true,
+            CUSTOMER_TAG,
+            rows,
+            seed,
+            chunk_rows,
+        )
     }
 
     fn supplier(rows: u64, seed: u64, chunk_rows: u64) -> Self {
-        Self::new("supplier", "s", "Supplier#", false, SUPPLIER_TAG, rows, seed, chunk_rows)
+        Self::new(
+            "supplier",
+            "s",
+            "Supplier#",
+            false,
+            SUPPLIER_TAG,
+            rows,
+            seed,
+            chunk_rows,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -583,8 +629,11 @@ impl Located {
             nation.append_value(home.name);
             region.append_value(home.region);
             // dbgen's phone: country code 10 + nation, then random local digits.
-            let (exchange, line, number) =
-                (three_digits.sample(rng), three_digits.sample(rng), four_digits.sample(rng));
+            let (exchange, line, number) = (
+                three_digits.sample(rng),
+                three_digits.sample(rng),
+                four_digits.sample(rng),
+            );
             write!(phone, "{}-{exchange}-{line}-{number}", 10 + n).expect("write to memory");
             phone.append_value("");
             if self.with_segment {
@@ -641,9 +690,11 @@ impl TableGenerator for Located {
 
     fn chunk(&self, index: usize) -> Box<dyn Iterator<Item = RecordBatch> + Send + '_> {
         let rng = chunk_rng(self.seed, self.tag, index);
-        keyed_batches(rng, chunk_keys(self.rows, self.chunk_rows, index), |rng, keys| {
-            self.build(rng, keys)
-        })
+        keyed_batches(
+            rng,
+            chunk_keys(self.rows, self.chunk_rows, index),
+            |rng, keys| self.build(rng, keys),
+        )
     }
 
     fn bloom_filter_columns(&self) -> Vec<String> {
@@ -717,11 +768,19 @@ impl Part {
                 }
             };
             color.append_value(words.colors[first as usize]);
-            write!(name, "{} {}", words.colors[second as usize], words.colors[third as usize])
-                .expect("write to memory");
+            write!(
+                name,
+                "{} {}",
+                words.colors[second as usize], words.colors[third as usize]
+            )
+            .expect("write to memory");
             name.append_value("");
             // Manufacturer m, category mc, brand mcbb: each level uniform within its parent.
-            let (m, c, b) = (one_to_five.sample(rng), one_to_five.sample(rng), brand_of.sample(rng));
+            let (m, c, b) = (
+                one_to_five.sample(rng),
+                one_to_five.sample(rng),
+                brand_of.sample(rng),
+            );
             write!(mfgr, "MFGR#{m}").expect("write to memory");
             mfgr.append_value("");
             write!(category, "MFGR#{m}{c}").expect("write to memory");
@@ -768,7 +827,11 @@ impl TableGenerator for Part {
 
     fn chunk(&self, index: usize) -> Box<dyn Iterator<Item = RecordBatch> + Send + '_> {
         let rng = chunk_rng(self.seed, PART_TAG, index);
-        keyed_batches(rng, chunk_keys(self.rows, self.chunk_rows, index), Part::build)
+        keyed_batches(
+            rng,
+            chunk_keys(self.rows, self.chunk_rows, index),
+            Part::build,
+        )
     }
 
     fn bloom_filter_columns(&self) -> Vec<String> {
@@ -822,8 +885,18 @@ const MONTH_NAMES: [&str; 12] = [
 ];
 
 /// dbgen's holidays, as (month, day).
-const HOLIDAYS: [(u32, u32); 10] =
-    [(12, 24), (1, 1), (2, 20), (4, 20), (5, 20), (7, 20), (8, 20), (9, 20), (10, 20), (11, 20)];
+const HOLIDAYS: [(u32, u32); 10] = [
+    (12, 24),
+    (1, 1),
+    (2, 20),
+    (4, 20),
+    (5, 20),
+    (7, 20),
+    (8, 20),
+    (9, 20),
+    (10, 20),
+    (11, 20),
+];
 
 /// dbgen's selling season of a month.
 fn selling_season(month: u32) -> &'static str {
@@ -962,34 +1035,25 @@ mod tests {
     const SF: f64 = 0.01;
 
     fn table(tables: &[Box<dyn TableGenerator>], name: &str) -> usize {
-        tables.iter().position(|t| t.name() == name).expect("table exists")
+        tables
+            .iter()
+            .position(|t| t.name() == name)
+            .expect("table exists")
     }
 
-    /// All chunks of a table, generated in the given chunk order and put back in index order,
-    /// as one batch; checks every batch against the table's schema and the batch size limit.
+    /// All chunks of a table as one batch (see `generate_all`), which must hold no NULLs.
     fn generate(table: &dyn TableGenerator, reverse: bool) -> RecordBatch {
-        let mut order: Vec<usize> = (0..table.chunk_count()).collect();
-        if reverse {
-            order.reverse();
-        }
-        let mut chunks: Vec<(usize, Vec<RecordBatch>)> =
-            order.into_iter().map(|i| (i, table.chunk(i).collect())).collect();
-        chunks.sort_by_key(|(i, _)| *i);
-        let batches: Vec<RecordBatch> = chunks.into_iter().flat_map(|(_, b)| b).collect();
-        for b in &batches {
-            assert_eq!(b.schema(), table.schema(), "{}: batch schema", table.name());
-            assert!(b.num_rows() <= BATCH_ROWS);
-            assert!(b.columns().iter().all(|c| c.null_count() == 0));
-        }
-        concat_batches(&table.schema(), &batches).expect("same schema")
+        let batch = crate::test_util::generate_all(table, reverse);
+        assert!(batch.columns().iter().all(|c| c.null_count() == 0));
+        batch
     }
 
     fn i32s(batch: &RecordBatch, name: &str) -> Vec<i32> {
-        batch.column_by_name(name).unwrap().as_primitive::<Int32Type>().values().to_vec()
+        crate::test_util::values::<Int32Type>(batch, name)
     }
 
     fn i64s(batch: &RecordBatch, name: &str) -> Vec<i64> {
-        batch.column_by_name(name).unwrap().as_primitive::<Int64Type>().values().to_vec()
+        crate::test_util::values::<Int64Type>(batch, name)
     }
 
     fn strs(batch: &RecordBatch, name: &str) -> Vec<String> {
@@ -1002,16 +1066,27 @@ mod tests {
         let one = SsbScale::new(1.0);
         assert_eq!(
             one,
-            SsbScale { orders: 1_500_000, customers: 30_000, suppliers: 2_000, parts: 200_000 }
+            SsbScale {
+                orders: 1_500_000,
+                customers: 30_000,
+                suppliers: 2_000,
+                parts: 200_000
+            }
         );
         assert_eq!(SsbScale::new(10.0).parts, 800_000); // ⌊1 + log2 10⌋ = 4
         assert_eq!(SsbScale::new(1.9).parts, 200_000);
         assert_eq!(SsbScale::new(2.0).parts, 400_000);
         let tiny = SsbScale::new(0.01);
-        assert_eq!((tiny.orders, tiny.customers, tiny.suppliers), (15_000, 300, 20));
+        assert_eq!(
+            (tiny.orders, tiny.customers, tiny.suppliers),
+            (15_000, 300, 20)
+        );
         assert_eq!(tiny.parts, 200_000);
         let smallest = SsbScale::new(1e-9);
-        assert_eq!((smallest.orders, smallest.customers, smallest.suppliers), (1, 1, 1));
+        assert_eq!(
+            (smallest.orders, smallest.customers, smallest.suppliers),
+            (1, 1, 1)
+        );
     }
 
     #[test]
@@ -1044,7 +1119,10 @@ mod tests {
         assert_eq!(lineorder.sort_key(), ["lo_orderkey"]);
         let data = generate(lineorder.as_ref(), false);
         let lines_per_order = data.num_rows() as f64 / scale.orders as f64;
-        assert!((3.9..4.1).contains(&lines_per_order), "{lines_per_order} lines per order");
+        assert!(
+            (3.9..4.1).contains(&lines_per_order),
+            "{lines_per_order} lines per order"
+        );
         let orders: HashSet<i64> = i64s(&data, "lo_orderkey").into_iter().collect();
         assert_eq!(orders.len() as u64, scale.orders);
     }
@@ -1060,7 +1138,12 @@ mod tests {
             let forward = generate(a[i].as_ref(), false);
             assert_eq!(forward, generate(b[i].as_ref(), true), "{}", a[i].name());
             if a[i].name() != "date" {
-                assert_ne!(forward, generate(c[i].as_ref(), false), "{}: seed", a[i].name());
+                assert_ne!(
+                    forward,
+                    generate(c[i].as_ref(), false),
+                    "{}: seed",
+                    a[i].name()
+                );
             }
         }
         // Same chunk twice from one generator: identical.
@@ -1072,8 +1155,14 @@ mod tests {
             let batches: Vec<RecordBatch> = a[0].chunk(i).collect();
             let chunk = concat_batches(&a[0].schema(), &batches).unwrap();
             let keys = i64s(&chunk, "lo_orderkey");
-            assert!(keys.windows(2).all(|w| w[0] <= w[1]), "sorted within chunk {i}");
-            assert!(keys[0] > previous_max, "chunk {i} starts after chunk {}", i.wrapping_sub(1));
+            assert!(
+                keys.windows(2).all(|w| w[0] <= w[1]),
+                "sorted within chunk {i}"
+            );
+            assert!(
+                keys[0] > previous_max,
+                "chunk {i} overlaps the previous chunk"
+            );
             previous_max = *keys.last().unwrap();
             let lines = i32s(&chunk, "lo_linenumber");
             assert_eq!(lines[0], 1, "chunk {i} starts with a whole order");
@@ -1085,8 +1174,11 @@ mod tests {
         let tables = ssb_tables_chunked(SF, 3, 20_000);
         let scale = SsbScale::new(SF);
         let lo = generate(tables[0].as_ref(), false);
-        let date_keys: HashMap<i32, usize> =
-            DATE_KEYS.iter().enumerate().map(|(offset, key)| (*key, offset)).collect();
+        let date_keys: HashMap<i32, usize> = DATE_KEYS
+            .iter()
+            .enumerate()
+            .map(|(offset, key)| (*key, offset))
+            .collect();
 
         let orderkey = i64s(&lo, "lo_orderkey");
         let linenumber = i32s(&lo, "lo_linenumber");
@@ -1131,8 +1223,16 @@ mod tests {
         }
         assert!(order_totals.values().all(|(sum, total)| sum == total));
         // Strings come from their domains.
-        assert!(strs(&lo, "lo_orderpriority").iter().all(|p| words.priorities.contains(&p.as_str())));
-        assert!(strs(&lo, "lo_shipmode").iter().all(|m| words.ship_modes.contains(&m.as_str())));
+        assert!(
+            strs(&lo, "lo_orderpriority")
+                .iter()
+                .all(|p| words.priorities.contains(&p.as_str()))
+        );
+        assert!(
+            strs(&lo, "lo_shipmode")
+                .iter()
+                .all(|m| words.ship_modes.contains(&m.as_str()))
+        );
         assert!(strs(&lo, "lo_shippriority").iter().all(|p| p == "0"));
         assert_eq!(words.priorities.len(), 5);
         assert_eq!(words.ship_modes.len(), 7);
@@ -1146,15 +1246,22 @@ mod tests {
         // Q1.1's fact filters: year 1993, discount 1..=3, quantity < 25.
         let lo = generate(ssb_tables(0.05, 11)[0].as_ref(), false);
         let rows = lo.num_rows() as f64;
-        let (date, discount, quantity) =
-            (i32s(&lo, "lo_orderdate"), i32s(&lo, "lo_discount"), i32s(&lo, "lo_quantity"));
+        let (date, discount, quantity) = (
+            i32s(&lo, "lo_orderdate"),
+            i32s(&lo, "lo_discount"),
+            i32s(&lo, "lo_quantity"),
+        );
         let hits = (0..lo.num_rows())
             .filter(|&i| {
                 date[i] / 10_000 == 1993 && (1..=3).contains(&discount[i]) && quantity[i] < 25
             })
             .count() as f64;
         let expected = 365.0 / 2406.0 * 3.0 / 11.0 * 24.0 / 50.0;
-        assert!((hits / rows / expected - 1.0).abs() < 0.1, "Q1.1: {} vs {expected}", hits / rows);
+        assert!(
+            (hits / rows / expected - 1.0).abs() < 0.1,
+            "Q1.1: {} vs {expected}",
+            hits / rows
+        );
         // Every year of the date table's queries has orders, including 1998.
         let years: HashSet<i32> = date.iter().map(|d| d / 10_000).collect();
         assert_eq!(years, (1992..=1998).collect());
@@ -1164,7 +1271,10 @@ mod tests {
     fn customer_and_supplier_domains() {
         let tables = ssb_tables(0.1, 5);
         let words = &*WORDS;
-        for (name, prefix, tag) in [("customer", "c", "Customer#"), ("supplier", "s", "Supplier#")] {
+        for (name, prefix, tag) in [
+            ("customer", "c", "Customer#"),
+            ("supplier", "s", "Supplier#"),
+        ] {
             let data = generate(tables[table(&tables, name)].as_ref(), false);
             let col = |c: &str| strs(&data, &format!("{prefix}_{c}"));
             let keys = i32s(&data, data.schema().field(0).name());
@@ -1174,11 +1284,18 @@ mod tests {
             for i in 0..data.num_rows() {
                 assert_eq!(keys[i] as usize, i + 1);
                 assert_eq!(names[i], format!("{tag}{:09}", i + 1));
-                let n = words.nations.iter().position(|n| n.name == nations[i]).unwrap();
+                let n = words
+                    .nations
+                    .iter()
+                    .position(|n| n.name == nations[i])
+                    .unwrap();
                 assert_eq!(regions[i], words.nations[n].region);
                 // City: nation's first 9 characters, space-padded, then a digit.
                 assert_eq!(cities[i].len(), 10);
-                assert_eq!(cities[i][..9].trim_end(), &nations[i][..nations[i].len().min(9)]);
+                assert_eq!(
+                    cities[i][..9].trim_end(),
+                    &nations[i][..nations[i].len().min(9)]
+                );
                 assert!(cities[i].as_bytes()[9].is_ascii_digit());
                 seen_cities.insert(cities[i].clone());
                 // Phone: country code 10 + nation index.
@@ -1191,12 +1308,23 @@ mod tests {
                 assert_eq!(seen_cities.len(), 250);
                 assert!(seen_cities.contains("UNITED KI1") && seen_cities.contains("UNITED KI5"));
                 let segments = col("mktsegment");
-                assert!(segments.iter().all(|s| words.segments.contains(&s.as_str())));
+                assert!(
+                    segments
+                        .iter()
+                        .all(|s| words.segments.contains(&s.as_str()))
+                );
                 assert_eq!(segments.iter().collect::<HashSet<_>>().len(), 5);
             }
         }
         // The fixed nation/region pairs of the spec.
-        let region_of = |nation: &str| words.nations.iter().find(|n| n.name == nation).unwrap().region;
+        let region_of = |nation: &str| {
+            words
+                .nations
+                .iter()
+                .find(|n| n.name == nation)
+                .unwrap()
+                .region
+        };
         assert_eq!(words.nations.len(), 25);
         assert_eq!(region_of("UNITED STATES"), "AMERICA");
         assert_eq!(region_of("UNITED KINGDOM"), "EUROPE");
@@ -1212,9 +1340,16 @@ mod tests {
         let tables = ssb_tables(SF, 9);
         let part = generate(tables[table(&tables, "part")].as_ref(), false);
         let words = &*WORDS;
-        let (mfgr, category, brand) =
-            (strs(&part, "p_mfgr"), strs(&part, "p_category"), strs(&part, "p_brand1"));
-        let (color, name, sizes) = (strs(&part, "p_color"), strs(&part, "p_name"), i32s(&part, "p_size"));
+        let (mfgr, category, brand) = (
+            strs(&part, "p_mfgr"),
+            strs(&part, "p_category"),
+            strs(&part, "p_brand1"),
+        );
+        let (color, name, sizes) = (
+            strs(&part, "p_color"),
+            strs(&part, "p_name"),
+            i32s(&part, "p_size"),
+        );
         let (types, containers) = (strs(&part, "p_type"), strs(&part, "p_container"));
         for i in 0..part.num_rows() {
             assert!(category[i].starts_with(&mfgr[i]) && category[i].len() == 7);
@@ -1227,19 +1362,36 @@ mod tests {
             // p_name is two further colours, different from p_color and each other.
             let name_colors: Vec<&str> = name[i].split(' ').collect();
             assert_eq!(name_colors.len(), 2);
-            assert!(name_colors.iter().all(|c| words.colors.contains(c) && *c != color[i]));
+            assert!(
+                name_colors
+                    .iter()
+                    .all(|c| words.colors.contains(c) && *c != color[i])
+            );
             assert_ne!(name_colors[0], name_colors[1]);
             assert!(words.types.contains(&types[i].as_str()));
             assert!(words.containers.contains(&containers[i].as_str()));
         }
         // 200,000 parts populate all 5 manufacturers, 25 categories and 1,000 brands.
         let distinct = |v: &[String]| v.iter().collect::<HashSet<_>>().len();
-        assert_eq!((distinct(&mfgr), distinct(&category), distinct(&brand)), (5, 25, 1_000));
-        assert!(brand.contains(&"MFGR#1101".to_string()) && brand.contains(&"MFGR#5540".to_string()));
+        assert_eq!(
+            (distinct(&mfgr), distinct(&category), distinct(&brand)),
+            (5, 25, 1_000)
+        );
+        assert!(
+            brand.contains(&"MFGR#1101".to_string()) && brand.contains(&"MFGR#5540".to_string())
+        );
         // Q2.1's category is about 1/25 of the parts.
-        let q21 = category.iter().filter(|c| *c == "MFGR#12").count() as f64 / part.num_rows() as f64;
+        let q21 =
+            category.iter().filter(|c| *c == "MFGR#12").count() as f64 / part.num_rows() as f64;
         assert!((q21 * 25.0 - 1.0).abs() < 0.05, "MFGR#12 fraction {q21}");
-        assert_eq!((words.colors.len(), words.types.len(), words.containers.len()), (92, 150, 40));
+        assert_eq!(
+            (
+                words.colors.len(),
+                words.types.len(),
+                words.containers.len()
+            ),
+            (92, 150, 40)
+        );
     }
 
     #[test]
@@ -1252,8 +1404,14 @@ mod tests {
         assert!(keys.windows(2).all(|w| w[0] < w[1]));
         let row = |key: i32| {
             let i = keys.iter().position(|k| *k == key).unwrap();
-            let text = ["d_date", "d_dayofweek", "d_month", "d_yearmonth", "d_sellingseason"]
-                .map(|c| strs(&date, c)[i].clone());
+            let text = [
+                "d_date",
+                "d_dayofweek",
+                "d_month",
+                "d_yearmonth",
+                "d_sellingseason",
+            ]
+            .map(|c| strs(&date, c)[i].clone());
             let ints = [
                 "d_year",
                 "d_yearmonthnum",
@@ -1273,15 +1431,28 @@ mod tests {
         assert_eq!(
             row(19920101),
             (
-                ["January 1, 1992", "Wednesday", "January", "Jan1992", "Winter"].map(String::from),
+                [
+                    "January 1, 1992",
+                    "Wednesday",
+                    "January",
+                    "Jan1992",
+                    "Winter"
+                ]
+                .map(String::from),
                 [1992, 199201, 4, 1, 1, 1, 1, 0, 0, 1, 1]
             )
         );
         assert_eq!(
             row(19981231),
             (
-                ["December 31, 1998", "Thursday", "December", "Dec1998", "Christmas"]
-                    .map(String::from),
+                [
+                    "December 31, 1998",
+                    "Thursday",
+                    "December",
+                    "Dec1998",
+                    "Christmas"
+                ]
+                .map(String::from),
                 [1998, 199812, 5, 31, 365, 12, 53, 0, 1, 0, 1]
             )
         );
@@ -1289,15 +1460,27 @@ mod tests {
         assert_eq!(
             row(19920229),
             (
-                ["February 29, 1992", "Saturday", "February", "Feb1992", "Winter"]
-                    .map(String::from),
+                [
+                    "February 29, 1992",
+                    "Saturday",
+                    "February",
+                    "Feb1992",
+                    "Winter"
+                ]
+                .map(String::from),
                 [1992, 199202, 7, 29, 60, 2, 9, 1, 1, 0, 0]
             )
         );
         let years = i32s(&date, "d_year");
         assert_eq!(years.iter().filter(|y| **y == 1993).count(), 365);
         assert_eq!(years.iter().filter(|y| **y == 1996).count(), 366);
-        assert_eq!(strs(&date, "d_yearmonth").iter().filter(|m| *m == "Dec1997").count(), 31);
+        assert_eq!(
+            strs(&date, "d_yearmonth")
+                .iter()
+                .filter(|m| *m == "Dec1997")
+                .count(),
+            31
+        );
         assert_eq!(i32s(&date, "d_holidayfl").iter().sum::<i32>(), 70);
     }
 }

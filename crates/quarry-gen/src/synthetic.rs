@@ -109,19 +109,14 @@ impl TableGenerator for Synthetic {
 mod tests {
     use super::*;
 
-    fn all_rows(table: &dyn TableGenerator, reverse: bool) -> Vec<RecordBatch> {
-        let mut indexes: Vec<usize> = (0..table.chunk_count()).collect();
-        if reverse {
-            indexes.reverse();
-        }
-        let mut chunks: Vec<(usize, Vec<RecordBatch>)> =
-            indexes.into_iter().map(|i| (i, table.chunk(i).collect())).collect();
-        chunks.sort_by_key(|(i, _)| *i);
-        chunks.into_iter().flat_map(|(_, batches)| batches).collect()
-    }
+    use crate::test_util::generate_all as all_rows;
 
     fn column(batch: &RecordBatch, i: usize) -> &Int32Array {
-        batch.column(i).as_any().downcast_ref::<Int32Array>().expect("Int32 column")
+        batch
+            .column(i)
+            .as_any()
+            .downcast_ref::<Int32Array>()
+            .expect("Int32 column")
     }
 
     #[test]
@@ -132,7 +127,12 @@ mod tests {
             assert_eq!(schema.fields().len(), columns);
             assert_eq!(schema.field(0).name(), "col1");
             assert_eq!(schema.field(columns - 1).name(), &format!("col{columns}"));
-            assert!(schema.fields().iter().all(|f| f.data_type() == &DataType::Int32));
+            assert!(
+                schema
+                    .fields()
+                    .iter()
+                    .all(|f| f.data_type() == &DataType::Int32)
+            );
             for batch in table.chunk(0) {
                 assert_eq!(batch.schema(), schema);
             }
@@ -168,7 +168,11 @@ mod tests {
         let batches: Vec<RecordBatch> = table.chunk(0).collect();
         let rows = 200_000.0;
         for col in 0..4 {
-            let values = || batches.iter().flat_map(move |b| column(b, col).values().iter().copied());
+            let values = || {
+                batches
+                    .iter()
+                    .flat_map(move |b| column(b, col).values().iter().copied())
+            };
             assert!(values().all(|v| (0..SYNTHETIC_VALUE_RANGE).contains(&v)));
             // Selectivity of `colK < c` for the paper's selectivities: within 5 standard errors.
             for fraction in [0.001, 0.01, 0.1, 0.5, 0.9] {

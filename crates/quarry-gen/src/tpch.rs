@@ -43,7 +43,10 @@ pub fn tpch_tables(sf: f64) -> Vec<Box<dyn TableGenerator>> {
 
 /// [`tpch_tables`] with chunks of about `chunk_rows` rows.
 pub(crate) fn tpch_tables_chunked(sf: f64, chunk_rows: u64) -> Vec<Box<dyn TableGenerator>> {
-    assert!(sf.is_finite() && sf > 0.0, "TPC-H scale factor must be positive, got {sf}");
+    assert!(
+        sf.is_finite() && sf > 0.0,
+        "TPC-H scale factor must be positive, got {sf}"
+    );
     let count = |rows: i64| rows.max(0) as u64;
     let parts = count(PartGenerator::calculate_row_count(sf, 1, 1));
     let suppliers = count(SupplierGenerator::calculate_row_count(sf, 1, 1));
@@ -55,10 +58,22 @@ pub(crate) fn tpch_tables_chunked(sf: f64, chunk_rows: u64) -> Vec<Box<dyn Table
     let tables = [
         Tpch::new("nation", sf, (25, 1), nation, &[], &["n_nationkey"]),
         Tpch::new("region", sf, (5, 1), region, &[], &["r_regionkey"]),
-        Tpch::new("part", sf, (parts, parts), part, &["p_partkey"], &["p_partkey"]),
-        Tpch::new("supplier", sf, (suppliers, suppliers), supplier, &["s_suppkey"], &[
-            "s_suppkey",
-        ]),
+        Tpch::new(
+            "part",
+            sf,
+            (parts, parts),
+            part,
+            &["p_partkey"],
+            &["p_partkey"],
+        ),
+        Tpch::new(
+            "supplier",
+            sf,
+            (suppliers, suppliers),
+            supplier,
+            &["s_suppkey"],
+            &["s_suppkey"],
+        ),
         Tpch::new(
             "partsupp",
             sf,
@@ -67,9 +82,14 @@ pub(crate) fn tpch_tables_chunked(sf: f64, chunk_rows: u64) -> Vec<Box<dyn Table
             &["ps_partkey", "ps_suppkey"],
             &["ps_partkey"],
         ),
-        Tpch::new("customer", sf, (customers, customers), customer, &["c_custkey"], &[
-            "c_custkey",
-        ]),
+        Tpch::new(
+            "customer",
+            sf,
+            (customers, customers),
+            customer,
+            &["c_custkey"],
+            &["c_custkey"],
+        ),
         Tpch::new(
             "orders",
             sf,
@@ -131,7 +151,11 @@ impl Tpch {
         let fields: Vec<Field> = native
             .fields()
             .iter()
-            .map(|f| f.as_ref().clone().with_data_type(utf8_for_view(f.data_type())))
+            .map(|f| {
+                f.as_ref()
+                    .clone()
+                    .with_data_type(utf8_for_view(f.data_type()))
+            })
             .collect();
         Self {
             name,
@@ -180,7 +204,11 @@ impl TableGenerator for Tpch {
     }
 
     fn chunk(&self, index: usize) -> Box<dyn Iterator<Item = RecordBatch> + Send + '_> {
-        assert!(index < self.chunks, "chunk {index} of {} chunks", self.chunks);
+        assert!(
+            index < self.chunks,
+            "chunk {index} of {} chunks",
+            self.chunks
+        );
         let part = i32::try_from(index + 1).expect("chunk count fits tpchgen's i32 parts");
         let part_count = i32::try_from(self.chunks).expect("chunk count fits i32");
         let batches = (self.make)(self.sf, part, part_count, TextPool::get_or_init_default());
@@ -285,4 +313,128 @@ fn lineitem(
     let generator =
         LineItemGenerator::new_with_distributions_and_text_pool(sf, part, count, dists, pool);
     Box::new(LineItemArrow::new(generator).with_batch_size(BATCH_ROWS))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use arrow::datatypes::Int64Type;
+
+    use super::*;
+
+    const SF: f64 = 0.01;
+
+    use crate::test_util::generate_all as generate;
+
+    fn keys(batch: &RecordBatch, name: &str) -> Vec<i64> {
+        crate::test_util::values::<Int64Type>(batch, name)
+    }
+
+    #[test]
+    fn tables_schemas_and_row_counts() {
+        let tables = tpch_tables(SF);
+        let names: Vec<&str> = tables.iter().map(|t| t.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "nation", "region", "part", "supplier", "partsupp", "customer", "orders",
+                "lineitem"
+            ]
+        );
+        let expected_rows = [25, 5, 2_000, 100, 8_000, 1_500, 15_000];
+        let mut data = Vec::new();
+        for (i, table) in tables.iter().enumerate() {
+            let schema = table.schema();
+            assert!(
+                schema
+                    .fields()
+                    .iter()
+                    .all(|f| f.data_type() != &DataType::Utf8View)
+            );
+            assert!(
+                schema
+                    .fields()
+                    .iter()
+                    .any(|f| f.data_type() == &DataType::Utf8)
+            );
+            let batch = generate(table.as_ref(), false);
+            if let Some(rows) = expected_rows.get(i) {
+                assert_eq!(batch.num_rows(), *rows, "{}", table.name());
+                assert_eq!(table.estimated_rows(), *rows as u64, "{}", table.name());
+            }
+            for column in table.bloom_filter_columns().iter().chain(&table.sort_key()) {
+                assert!(
+                    schema.column_with_name(column).is_some(),
+                    "{}: {column}",
+                    table.name()
+                );
+            }
+            data.push(batch);
+        }
+        let lineitem = &data[7];
+        let per_order = lineitem.num_rows() as f64 / 15_000.0;
+        assert!(
+            (3.9..4.1).contains(&per_order),
+            "{per_order} lines per order"
+        );
+        assert_eq!(lineitem.schema().field(0).name(), "l_orderkey");
+        assert_eq!(
+            lineitem
+                .schema()
+                .field_with_name("l_shipdate")
+                .unwrap()
+                .data_type(),
+            &DataType::Date32
+        );
+        assert_eq!(
+            lineitem
+                .schema()
+                .field_with_name("l_extendedprice")
+                .unwrap()
+                .data_type(),
+            &DataType::Decimal128(15, 2)
+        );
+
+        // Referential integrity at this scale.
+        let in_range = |values: Vec<i64>, max: i64| values.iter().all(|k| (1..=max).contains(k));
+        assert!(in_range(keys(lineitem, "l_partkey"), 2_000));
+        assert!(in_range(keys(lineitem, "l_suppkey"), 100));
+        assert!(in_range(keys(&data[4], "ps_suppkey"), 100));
+        assert!(in_range(keys(&data[6], "o_custkey"), 1_500));
+        let orders: HashSet<i64> = keys(&data[6], "o_orderkey").into_iter().collect();
+        assert!(
+            keys(lineitem, "l_orderkey")
+                .iter()
+                .all(|k| orders.contains(k))
+        );
+        let region_keys: Vec<i64> = keys(&data[0], "n_regionkey");
+        assert!(region_keys.iter().all(|k| (0..5).contains(k)));
+    }
+
+    #[test]
+    fn chunking_preserves_the_data() {
+        // tpchgen's parts are slices of one sequence, so small chunks, in any order, give the
+        // same rows as a single chunk.
+        let whole = tpch_tables(SF);
+        let chunked = tpch_tables_chunked(SF, 3_000);
+        for (one, many) in whole.iter().zip(&chunked) {
+            assert_eq!(one.chunk_count(), 1, "{}", one.name());
+            // 3,000-row chunks: partsupp splits 2,000 parts by 750 and lineitem 15,000 orders
+            // by 750; nation and region never split.
+            let expected = match one.name() {
+                "partsupp" => 3,
+                "orders" => 5,
+                "lineitem" => 20,
+                _ => 1,
+            };
+            assert_eq!(many.chunk_count(), expected, "{}", many.name());
+            assert_eq!(
+                generate(one.as_ref(), false),
+                generate(many.as_ref(), true),
+                "{}",
+                one.name()
+            );
+        }
+    }
 }

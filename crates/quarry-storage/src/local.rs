@@ -23,7 +23,7 @@ use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::expr_rewriter::unnormalize_cols;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::Expr;
-use datafusion::physical_optimizer::pruning::PruningPredicate;
+use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 use datafusion::physical_plan::filter::FilterExecBuilder;
 use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -130,9 +130,14 @@ impl StorageNode for LocalStorageNode {
         let mut stats = ScanStats { segments_requested: segments.len() as u64, ..Default::default() };
         let kept: Vec<&SegmentMeta> = match &predicate {
             Some(predicate) => {
-                let pruning = PruningPredicate::try_new(Arc::clone(predicate), Arc::clone(&schema))?;
-                let keep = pruning.prune(&SegmentStatistics { segments: &segments, schema: &schema })?;
-                segments.iter().zip(keep).filter_map(|(s, keep)| keep.then_some(*s)).collect()
+                // No pruning predicate means the filter cannot be checked against statistics.
+                match PruningPredicateBuilder::new().with_file_schema(Arc::clone(&schema)).build(Arc::clone(predicate)) {
+                    Some(pruning) => {
+                        let keep = pruning.prune(&SegmentStatistics { segments: &segments, schema: &schema })?;
+                        segments.iter().zip(keep).filter_map(|(s, keep)| keep.then_some(*s)).collect()
+                    }
+                    None => segments,
+                }
             }
             None => segments,
         };
@@ -143,6 +148,9 @@ impl StorageNode for LocalStorageNode {
             return Ok(futures::stream::once(async move { Ok(ScanMessage::Finished(stats)) }).boxed());
         }
 
+        for segment in &kept {
+            check_segment_file(&snapshot, segment)?;
+        }
         let plan = self.plan_scan(&snapshot, &kept, &schema, &request, &filters).await?;
         let batches = execute_stream(Arc::clone(&plan), self.state.task_ctx())?;
         let mut stats = Some(stats);
@@ -187,9 +195,7 @@ impl LocalStorageNode {
             })
             .collect::<Result<Vec<_>>>()?;
         let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
-            .with_file_extension(".parquet")
-            .with_collect_stat(false)
-            .with_target_partitions(1);
+            .with_file_extension(".parquet");
         let config = ListingTableConfig::new_with_multi_paths(urls).with_listing_options(options).with_schema(Arc::clone(schema));
         let table = ListingTable::try_new(config)?;
 
@@ -212,13 +218,15 @@ impl LocalStorageNode {
             let predicate = self.state.create_physical_expr(filter, &read_schema)?;
             plan = Arc::new(FilterExecBuilder::new(predicate, plan).apply_projection(Some(output))?.build()?);
         } else if read.len() != request.projection.len() {
-            plan = Arc::new(ProjectionExec::try_new(
-                output.iter().map(|&i| {
-                    let field = plan.schema().field(i).clone();
-                    (Arc::new(datafusion::physical_plan::expressions::Column::new(field.name(), i)) as _, field.name().clone())
-                }),
-                plan,
-            )?);
+            let read_schema = plan.schema();
+            let columns: Vec<(Arc<dyn datafusion::physical_expr::PhysicalExpr>, String)> = output
+                .iter()
+                .map(|&i| {
+                    let name = read_schema.field(i).name();
+                    (Arc::new(datafusion::physical_plan::expressions::Column::new(name, i)) as _, name.clone())
+                })
+                .collect();
+            plan = Arc::new(ProjectionExec::try_new(columns, plan)?);
         }
         if let Some(limit) = request.limit {
             plan = Arc::new(GlobalLimitExec::new(plan, 0, Some(limit)));
@@ -241,6 +249,18 @@ fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Result<Ve
             })
         })
         .collect()
+}
+
+/// A segment the manifest names must exist with the size recorded at commit; anything else is
+/// damage to report, never a table that silently lost rows.
+fn check_segment_file(snapshot: &TableSnapshot, segment: &SegmentMeta) -> Result<()> {
+    let path = snapshot.segment_path(segment);
+    let reason = match std::fs::metadata(&path) {
+        Ok(meta) if meta.len() == segment.bytes => return Ok(()),
+        Ok(meta) => format!("{} bytes on disk, the manifest says {}", meta.len(), segment.bytes),
+        Err(e) => e.to_string(),
+    };
+    Err(DataFusionError::External(Box::new(TableError::CorruptSegment { path, reason })))
 }
 
 /// Every column the request names must exist: a request is never trusted.

@@ -62,7 +62,7 @@ fn next_record(reader: &mut csv::Reader<BufReader<File>>, record: &mut csv::Stri
         Err(e) => {
             let line = e.position().map(|p| p.line()).unwrap_or(0);
             let (column, reason) = match e.kind() {
-                csv::ErrorKind::Utf8 { err, .. } => (format!("{}", err.field() + 1), format!("invalid UTF-8: {}", err.utf8_error())),
+                csv::ErrorKind::Utf8 { err, .. } => (format!("{}", err.field() + 1), format!("invalid UTF-8 (valid up to byte {})", err.valid_up_to())),
                 _ => ("?".to_string(), e.to_string()),
             };
             Err(TableError::BadInput { file: path.to_path_buf(), line, column, reason })
@@ -74,13 +74,15 @@ fn is_null(field: &str, options: &CsvOptions) -> bool {
     field.is_empty() || options.null_text.as_deref() == Some(field)
 }
 
-/// Column names from the header (or `column1..N`), made unique the way DuckDB does (`a`, `a_1`).
+/// Column names from the header (or `column1..N`), lowercased so SQL can name them unquoted
+/// (unquoted identifiers are case-folded to lowercase), and made unique the way DuckDB does
+/// (`a`, `a_1`).
 fn column_names(header: Option<&csv::StringRecord>, count: usize) -> Vec<String> {
     let mut names: Vec<String> = Vec::with_capacity(count);
     for i in 0..count {
         let base = header
             .and_then(|h| h.get(i))
-            .map(|s| s.trim().to_string())
+            .map(|s| s.trim().trim_start_matches('\u{feff}').to_lowercase())
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| format!("column{}", i + 1));
         let mut name = base.clone();
@@ -252,10 +254,10 @@ impl CsvBatchReader {
     pub fn try_new(path: &Path, schema: SchemaRef, options: CsvOptions) -> Result<Self> {
         let mut reader = csv_reader(path, &options)?;
         let mut record = csv::StringRecord::new();
-        if options.has_header {
-            if let Some(line) = next_record(&mut reader, &mut record, path)? {
-                check_width(&record, schema.fields().len(), path, line)?;
-            }
+        if options.has_header
+            && let Some(line) = next_record(&mut reader, &mut record, path)?
+        {
+            check_width(&record, schema.fields().len(), path, line)?;
         }
         Ok(CsvBatchReader { path: path.to_path_buf(), reader, schema, options, record, done: false })
     }

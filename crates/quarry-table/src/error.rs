@@ -39,7 +39,7 @@ pub enum TableError {
     #[error("table '{0}' does not exist")]
     TableNotFound(String),
     /// A table name that is not a plain identifier.
-    #[error("invalid table name '{0}': use letters, digits and '_' (not starting with a digit), at most 128 characters")]
+    #[error("invalid table name '{0}': use lowercase letters, digits and '_' (not starting with a digit), at most 128 characters")]
     InvalidTableName(String),
     /// Another process holds the table's write lock.
     #[error("table '{0}' is being written by another process; try again when that load finishes")]

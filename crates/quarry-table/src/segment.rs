@@ -48,7 +48,7 @@ impl SegmentWriter {
         let path = table_dir.join(segment_relative_path(&id));
         let file = File::create_new(&path).map_err(TableError::io("creating", &path))?;
         let mut props = WriterProperties::builder()
-            .set_max_row_group_size(ROW_GROUP_ROWS)
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .set_data_page_row_count_limit(DATA_PAGE_ROWS)
             .set_statistics_enabled(EnabledStatistics::Page)
             .set_compression(Compression::SNAPPY);

@@ -96,15 +96,18 @@ impl Warehouse {
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(TableError::io("creating warehouse directory", &root))?;
+        // Absolute, so segment paths stay valid whatever the reader's working directory.
+        let root = fs::canonicalize(&root).map_err(TableError::io("resolving", &root))?;
         let warehouse = Warehouse { root };
         for entry in fs::read_dir(&warehouse.root).map_err(TableError::io("listing", &warehouse.root))? {
             let entry = entry.map_err(TableError::io("listing", &warehouse.root))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if entry.path().is_dir() && validate_table_name(&name).is_ok() {
-                if let Some(lock) = try_lock_table(&entry.path())? {
-                    recover_table(&entry.path())?;
-                    drop(lock);
-                }
+            if entry.path().is_dir()
+                && validate_table_name(&name).is_ok()
+                && let Some(lock) = try_lock_table(&entry.path())?
+            {
+                recover_table(&entry.path())?;
+                drop(lock);
             }
         }
         Ok(warehouse)

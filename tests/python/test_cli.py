@@ -1,0 +1,305 @@
+"""End-to-end tests of the quarry command line: --stats, every --format, EXPLAIN [ANALYZE],
+the ways to name the warehouse, Parquet loads and the synthetic generator."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+import io
+import json
+import math
+import os
+
+import pytest
+
+import quarry_py as q
+from conftest import assert_no_panic
+
+SEQ_ROWS_PER_FILE = 25_000
+SEQ_FILES = 4
+
+
+def _write_seq_csv(path, start, n):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write("id,grp,val,note\n")
+        for i in range(start, start + n):
+            f.write(f"{i},{'abc'[i % 3]},{i * 0.5},note-{i:08d}-{(i * 7919) % 100000:05d}\n")
+
+
+@pytest.fixture(scope="module")
+def seq_warehouse(tmp_path_factory, quarry_bin):
+    """Table seq: ids 0..99999 in four appended loads, so four segments with disjoint id ranges."""
+    base = tmp_path_factory.mktemp("cli")
+    wh = base / "warehouse"
+    wh.mkdir()
+    for k in range(SEQ_FILES):
+        path = base / f"seq{k}.csv"
+        _write_seq_csv(path, k * SEQ_ROWS_PER_FILE, SEQ_ROWS_PER_FILE)
+        args = ["load", "seq", str(path), "--format", "csv",
+                "--schema", "id BIGINT, grp VARCHAR, val DOUBLE, note VARCHAR"]
+        if k:
+            args.append("--append")
+        q.run_quarry(args, wh)
+    mixed = base / "mixed.csv"
+    mixed.write_text(
+        "id,amount,ratio,day,name,flag\n"
+        "1,12.50,0.25,2024-02-29,plain,true\n"
+        '2,-3.75,1e-3,1999-12-31,"comma, and ""quotes""",false\n'
+        '3,,2.5,,"two\nlines",\n'
+        "4,1000000.01,-7.125,1970-01-01,Zürich 東京 🎉,true\n",
+        encoding="utf-8",
+    )
+    q.run_quarry(["load", "mixed", str(mixed), "--format", "csv", "--schema",
+                  "id BIGINT, amount DECIMAL(12,2), ratio DOUBLE, day DATE, name VARCHAR, flag BOOLEAN"], wh)
+    return wh
+
+
+def _stats(wh, tmp_path, sql, name):
+    stats = tmp_path / f"{name}.json"
+    out = tmp_path / f"{name}.parquet"
+    proc = q.run_quarry(["sql", sql, "--format", "parquet", "--output", str(out), "--stats", str(stats)], wh)
+    assert_no_panic(proc.stderr)
+    assert stats.exists(), "--stats wrote no file"
+    with open(stats, encoding="utf-8") as f:
+        doc = json.load(f)
+    return doc, q.read_parquet_result(out)
+
+
+def _check_stats_shape(doc):
+    for key in ("wall_ms", "rows_returned", "bytes_read_storage", "bytes_over_link"):
+        assert key in doc, f"--stats JSON lacks {key!r}: {doc}"
+    assert isinstance(doc["wall_ms"], (int, float)) and not isinstance(doc["wall_ms"], bool)
+    assert 0 <= doc["wall_ms"] < 600_000, doc
+    for key in ("rows_returned", "bytes_read_storage", "bytes_over_link"):
+        assert isinstance(doc[key], int) and not isinstance(doc[key], bool), f"{key} is not an integer: {doc}"
+        assert doc[key] >= 0, doc
+
+
+def test_stats_keys_and_row_counts(seq_warehouse, tmp_path):
+    doc, res = _stats(seq_warehouse, tmp_path, "select count(*) from seq", "count")
+    _check_stats_shape(doc)
+    assert res.rows == [(SEQ_FILES * SEQ_ROWS_PER_FILE,)]
+    assert doc["rows_returned"] == 1
+
+    doc, res = _stats(seq_warehouse, tmp_path, "select id, grp from seq where id % 1000 = 7", "filter")
+    _check_stats_shape(doc)
+    assert len(res.rows) == SEQ_FILES * SEQ_ROWS_PER_FILE // 1000
+    assert doc["rows_returned"] == len(res.rows)
+    assert doc["bytes_read_storage"] > 0, f"a scan read no bytes: {doc}"
+    assert doc["bytes_over_link"] > 0, f"rows were returned but nothing crossed the link: {doc}"
+
+    doc, res = _stats(seq_warehouse, tmp_path, "select * from seq where id < 0", "empty")
+    _check_stats_shape(doc)
+    assert res.rows == [] and doc["rows_returned"] == 0
+
+
+def test_stats_selective_scan_reads_less(seq_warehouse, tmp_path):
+    full, res_full = _stats(seq_warehouse, tmp_path, "select sum(val), count(note) from seq", "full")
+    sel, res_sel = _stats(
+        seq_warehouse, tmp_path, "select sum(val), count(note) from seq where id between 100 and 199", "sel"
+    )
+    assert res_full.rows == [(sum(i * 0.5 for i in range(SEQ_FILES * SEQ_ROWS_PER_FILE)), SEQ_FILES * SEQ_ROWS_PER_FILE)]
+    assert res_sel.rows == [(sum(i * 0.5 for i in range(100, 200)), 100)]
+    assert full["bytes_read_storage"] > 0
+    assert sel["bytes_read_storage"] < full["bytes_read_storage"], (
+        "a selective WHERE on the clustered id column should read fewer bytes than a full scan: "
+        f"selective {sel}, full {full}"
+    )
+
+
+MIXED_SQL = "select id, amount, ratio, day, name, flag from mixed order by id"
+
+
+@pytest.fixture(scope="module")
+def mixed_reference(seq_warehouse, tmp_path_factory):
+    res = q.quarry_query(seq_warehouse, MIXED_SQL, out_dir=tmp_path_factory.mktemp("ref"))
+    duck = q.duckdb_result(q.duckdb_connect(seq_warehouse), MIXED_SQL)
+    cmp = q.compare_query_results(MIXED_SQL, res, duck)
+    assert cmp, f"parquet output differs from the segments:\n{cmp}"
+    assert res.columns == ["id", "amount", "ratio", "day", "name", "flag"]
+    return res
+
+
+def _text_matches(ref, text) -> bool:
+    """Does a textual cell (CSV/JSON/table) represent the reference value?"""
+    if ref is None:
+        return text in (None, "", "NULL", "null")
+    if text is None:
+        return False
+    if isinstance(ref, bool):
+        return str(text).lower() in (("true", "t", "1") if ref else ("false", "f", "0"))
+    if isinstance(ref, int):
+        try:
+            return int(str(text)) == ref
+        except ValueError:
+            return False
+    if isinstance(ref, decimal.Decimal):
+        try:
+            return decimal.Decimal(str(text)) == ref
+        except decimal.InvalidOperation:
+            return False
+    if isinstance(ref, float):
+        try:
+            return math.isclose(float(text), ref, rel_tol=1e-12, abs_tol=1e-15)
+        except ValueError:
+            return False
+    if isinstance(ref, dt.datetime):
+        return str(text).replace("T", " ").startswith(ref.isoformat(sep=" ")[:19])
+    if isinstance(ref, dt.date):
+        return str(text)[:10] == ref.isoformat()
+    return str(text) == ref
+
+
+def _assert_rows_match(ref, columns, rows, what):
+    assert list(columns) == ref.columns, f"{what}: columns {columns} != {ref.columns}"
+    assert len(rows) == len(ref.rows), f"{what}: {len(rows)} rows, expected {len(ref.rows)}:\n{rows}"
+    for r_ref, r in zip(ref.rows, rows):
+        for c, v_ref, v in zip(ref.columns, r_ref, r):
+            assert _text_matches(v_ref, v), f"{what}: column {c}: {v!r} does not represent {v_ref!r}"
+
+
+def _parse_json_rows(text, columns):
+    text = text.strip()
+    try:
+        doc = json.loads(text, parse_float=decimal.Decimal)
+        if isinstance(doc, dict):  # {"columns": [...], "rows": [[...]]} or {"data": [...]}
+            for key in ("rows", "data", "records"):
+                if key in doc:
+                    doc = doc[key]
+                    break
+        objs = doc
+    except json.JSONDecodeError:
+        objs = [json.loads(line, parse_float=decimal.Decimal) for line in text.splitlines() if line.strip()]
+    rows = []
+    for o in objs:
+        if isinstance(o, dict):
+            rows.append(tuple(None if o.get(c) is None else o.get(c) for c in columns))
+        else:
+            rows.append(tuple(o))
+    return rows
+
+
+def test_format_parquet_csv_json_roundtrip(seq_warehouse, mixed_reference, tmp_path):
+    ref = mixed_reference
+    # csv, to a file and to stdout
+    out = tmp_path / "r.csv"
+    q.run_quarry(["sql", MIXED_SQL, "--format", "csv", "--output", str(out)], seq_warehouse)
+    with open(out, encoding="utf-8", newline="") as f:
+        table = list(csv.reader(f))
+    _assert_rows_match(ref, table[0], [tuple(r) for r in table[1:]], "csv file")
+    proc = q.run_quarry(["sql", MIXED_SQL, "--format", "csv"], seq_warehouse)
+    table = list(csv.reader(io.StringIO(proc.stdout, newline="")))
+    _assert_rows_match(ref, table[0], [tuple(r) for r in table[1:]], "csv stdout")
+    # DuckDB reads quarry's CSV back with the reference types
+    import duckdb
+
+    con = duckdb.connect()
+    types = ", ".join(f"'{c}': '{t}'" for c, t in zip(ref.columns, ref.types))
+    back = q.duckdb_result(
+        con, f"select * from read_csv('{out}', header = true, columns = {{{types}}}, quote = '\"', escape = '\"')"
+    )
+    assert q.compare_results(back.rows, ref.rows, ordered=True), "DuckDB reads the CSV back differently"
+
+    # json, to a file and to stdout
+    out = tmp_path / "r.json"
+    q.run_quarry(["sql", MIXED_SQL, "--format", "json", "--output", str(out)], seq_warehouse)
+    _assert_rows_match(ref, ref.columns, _parse_json_rows(out.read_text(encoding="utf-8"), ref.columns), "json file")
+    proc = q.run_quarry(["sql", MIXED_SQL, "--format", "json"], seq_warehouse)
+    _assert_rows_match(ref, ref.columns, _parse_json_rows(proc.stdout, ref.columns), "json stdout")
+
+
+def test_format_table(seq_warehouse, mixed_reference, tmp_path):
+    proc = q.run_quarry(["sql", "select id, amount, day, flag from mixed order by id", "--format", "table"], seq_warehouse)
+    text = proc.stdout
+    for c in ("id", "amount", "day", "flag"):
+        assert c in text, f"table output lacks column {c}:\n{text}"
+    for v in ("12.50", "-3.75", "1000000.01", "2024-02-29", "1999-12-31", "1970-01-01"):
+        assert v in text, f"table output lacks {v}:\n{text}"
+    # the default format is a table too, and --output writes it to a file
+    proc2 = q.run_quarry(["sql", "select id, amount, day, flag from mixed order by id"], seq_warehouse)
+    assert proc2.stdout.strip() == text.strip()
+    out = tmp_path / "t.txt"
+    q.run_quarry(["sql", "select id, amount, day, flag from mixed order by id", "--format", "table",
+                  "--output", str(out)], seq_warehouse)
+    assert out.read_text(encoding="utf-8").strip() == text.strip()
+
+
+def test_explain_and_explain_analyze(seq_warehouse):
+    sql = "select grp, count(*) from seq where id > 50000 group by grp"
+    proc = q.run_quarry(["sql", "EXPLAIN " + sql], seq_warehouse)
+    assert_no_panic(proc.stderr, proc.stdout)
+    assert proc.stdout.strip(), "EXPLAIN printed nothing"
+    assert "plan" in proc.stdout.lower(), proc.stdout
+    proc = q.run_quarry(["sql", "EXPLAIN ANALYZE " + sql], seq_warehouse)
+    assert_no_panic(proc.stderr, proc.stdout)
+    low = proc.stdout.lower()
+    assert "metrics" in low or "output_rows" in low or "elapsed" in low, (
+        f"EXPLAIN ANALYZE shows no runtime metrics:\n{proc.stdout}"
+    )
+
+
+def test_warehouse_flag_positions_and_env(seq_warehouse, tmp_path):
+    sql = "select count(*) from seq"
+    expected = str(SEQ_FILES * SEQ_ROWS_PER_FILE)
+    before = q.run_quarry(["sql", sql, "--format", "csv"], seq_warehouse)
+    after = q.run_quarry(["sql", sql, "--format", "csv", "--warehouse", str(seq_warehouse)], None)
+    env = q.run_quarry(["sql", sql, "--format", "csv"], None, env={"QUARRY_WAREHOUSE": str(seq_warehouse)})
+    for proc in (before, after, env):
+        assert expected in proc.stdout, proc.stdout
+    # -f FILE and --threads
+    f = tmp_path / "count.sql"
+    f.write_text("-- count\n" + sql + ";\n", encoding="utf-8")
+    proc = q.run_quarry(["sql", "-f", str(f), "--format", "csv", "--threads", "1"], seq_warehouse)
+    assert expected in proc.stdout
+
+
+def test_threads_do_not_change_results(seq_warehouse, tmp_path):
+    sql = "select grp, count(*), sum(val), min(note) from seq group by grp order by grp"
+    one = q.quarry_query(seq_warehouse, sql, threads=1, out_dir=tmp_path)
+    two = q.quarry_query(seq_warehouse, sql, threads=2, out_dir=tmp_path)
+    assert q.compare_query_results(sql, one, two)
+
+
+def test_load_parquet(warehouse, tmp_path):
+    import duckdb
+
+    src = tmp_path / "src.parquet"
+    con = duckdb.connect()
+    con.execute(
+        "copy (select i::bigint as id, (i * 1.25)::decimal(12,2) as amount, 'n' || i as name, "
+        "(date '2020-01-01' + i::int) as day, case when i % 5 = 0 then null else i * 0.5 end as half "
+        f"from range(1000) t(i)) to '{src}' (format parquet)"
+    )
+    q.run_quarry(["load", "pq", str(src), "--format", "parquet"], warehouse)
+    q.run_quarry(["load", "pq", str(src), "--format", "parquet", "--append"], warehouse)
+    sql = "select count(*), count(half), sum(amount), min(day), max(name) from pq"
+    res = q.quarry_query(warehouse, sql, out_dir=tmp_path)
+    duck = q.duckdb_result(q.duckdb_connect(warehouse), sql)
+    ref = q.duckdb_result(con, sql.replace("from pq", f"from (select * from '{src}' union all select * from '{src}')"))
+    assert q.compare_query_results(sql, res, duck)
+    assert q.compare_query_results(sql, res, ref), f"{res.rows} != {ref.rows}"
+
+
+def test_gen_synthetic(warehouse, tmp_path):
+    q.run_quarry(["gen", "synthetic", "--columns", "16", "--rows", "5000", "--name", "syn16"], warehouse)
+    assert "syn16" in q.list_tables(warehouse)
+    res = q.quarry_query(warehouse, "select count(*) from syn16", out_dir=tmp_path)
+    assert res.rows == [(5000,)]
+    cols = q.quarry_query(warehouse, "select * from syn16 limit 3", out_dir=tmp_path)
+    assert len(cols.columns) >= 16, cols.columns
+    duck = q.duckdb_result(q.duckdb_connect(warehouse), "select * from syn16")
+    full = q.quarry_query(warehouse, "select * from syn16", out_dir=tmp_path)
+    assert q.compare_results(full.rows, duck.rows, ordered=False)
+
+
+def test_errors_are_clean(warehouse):
+    proc = q.run_quarry(["sql", "select * from no_such_table"], warehouse, check=False)
+    assert proc.returncode != 0
+    assert "no_such_table" in proc.stderr
+    assert_no_panic(proc.stderr, proc.stdout)
+    proc = q.run_quarry(["load", "t", os.path.join(str(warehouse), "does-not-exist.csv"), "--format", "csv"],
+                        warehouse, check=False)
+    assert proc.returncode != 0
+    assert "does-not-exist.csv" in proc.stderr
+    assert_no_panic(proc.stderr, proc.stdout)

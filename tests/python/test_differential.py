@@ -1,0 +1,92 @@
+"""Differential tests: every SSB and TPC-H query file, Quarry vs DuckDB on the same segments.
+
+``quarry gen ssb`` and ``quarry gen tpch`` (SF 0.05, or $QUARRY_TEST_SF) fill two warehouses
+once per session; DuckDB reads exactly the Parquet segments of each table's current manifest.
+Each query file runs through ``quarry sql -f FILE --format parquet --output OUT`` and through
+DuckDB, and the results must be equal (see ``quarry_py.compare_results``: ordered when the
+query has a top-level ORDER BY, ties may come in any order; decimals within a unit of the
+coarser scale; floats within 1e-9 relative).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import quarry_py as q
+
+SSB_FILES = q.query_files("ssb")
+TPCH_FILES = q.query_files("tpch")
+
+SSB_TABLES = ["lineorder", "customer", "supplier", "part", "date"]
+TPCH_TABLES = ["lineitem", "orders", "customer", "part", "partsupp", "supplier", "nation", "region"]
+
+
+def test_query_files_present():
+    assert [p.stem for p in SSB_FILES] == [
+        "q1.1", "q1.2", "q1.3", "q2.1", "q2.2", "q2.3", "q3.1", "q3.2", "q3.3", "q3.4",
+        "q4.1", "q4.2", "q4.3",
+    ]
+    assert [p.stem for p in TPCH_FILES] == [f"q{i:02d}" for i in range(1, 23)]
+    for p in SSB_FILES + TPCH_FILES:
+        first = p.read_text(encoding="utf-8").splitlines()[0]
+        assert first.startswith("-- "), f"{p.name} must start with a one-line '-- ' comment"
+
+
+@pytest.fixture(scope="module")
+def ssb_duck(ssb_warehouse):
+    con = q.duckdb_connect(ssb_warehouse, threads=2)
+    yield con
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def tpch_duck(tpch_warehouse):
+    con = q.duckdb_connect(tpch_warehouse, threads=2)
+    yield con
+    con.close()
+
+
+def _check_tables(warehouse, con, expected, tmp_path):
+    tables = q.list_tables(warehouse)
+    missing = [t for t in expected if t not in tables]
+    assert not missing, f"gen did not create tables {missing}; warehouse has {tables}"
+    for t in expected:
+        sql = f"select count(*) from {q.quote_ident(t)}"
+        quarry = q.quarry_query(warehouse, sql, out_dir=tmp_path)
+        duck = q.duckdb_result(con, sql)
+        assert quarry.rows == duck.rows, f"{t}: quarry counts {quarry.rows}, segments hold {duck.rows}"
+        assert duck.rows[0][0] > 0, f"{t} is empty"
+
+
+def test_ssb_tables(ssb_warehouse, ssb_duck, tmp_path):
+    _check_tables(ssb_warehouse, ssb_duck, SSB_TABLES, tmp_path)
+
+
+def test_tpch_tables(tpch_warehouse, tpch_duck, tmp_path):
+    _check_tables(tpch_warehouse, tpch_duck, TPCH_TABLES, tmp_path)
+    # Fixed-size TPC-H tables.
+    duck = dict(
+        (t, q.duckdb_result(tpch_duck, f"select count(*) from {t}").rows[0][0]) for t in ("nation", "region")
+    )
+    assert duck == {"nation": 25, "region": 5}
+
+
+def _differential(warehouse, con, path, tmp_path):
+    sql = path.read_text(encoding="utf-8")
+    quarry = q.quarry_query(warehouse, file=path, out_dir=tmp_path)
+    duck = q.duckdb_result(con, sql)
+    cmp = q.compare_query_results(sql, quarry, duck)
+    assert cmp, (
+        f"{path.parent.name}/{path.name}: Quarry and DuckDB disagree\n{cmp}\n"
+        f"quarry types: {quarry.types}\nduckdb types: {duck.types}"
+    )
+
+
+@pytest.mark.parametrize("path", SSB_FILES, ids=[f"ssb-{p.stem}" for p in SSB_FILES])
+def test_ssb_query(ssb_warehouse, ssb_duck, path, tmp_path):
+    _differential(ssb_warehouse, ssb_duck, path, tmp_path)
+
+
+@pytest.mark.parametrize("path", TPCH_FILES, ids=[f"tpch-{p.stem}" for p in TPCH_FILES])
+def test_tpch_query(tpch_warehouse, tpch_duck, path, tmp_path):
+    _differential(tpch_warehouse, tpch_duck, path, tmp_path)

@@ -1,0 +1,168 @@
+"""Unit tests of scripts/quarry_py.py (no quarry binary needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pytest
+
+import quarry_py as q
+
+
+# ---------------------------------------------------------------------------- warehouse layout
+
+
+def _make_table(wh, name, segments, fields=None, current="manifest-00000002.json", extra_files=()):
+    import duckdb
+
+    d = wh / name
+    (d / "data").mkdir(parents=True)
+    con = duckdb.connect()
+    for rel, sql in list(segments) + list(extra_files):
+        con.execute(f"copy ({sql}) to '{d / rel}' (format parquet)")
+    fields = fields or [{"name": "id", "data_type": "Int64", "nullable": False}]
+    # an older manifest that lists a file which is no longer part of the table
+    (d / "manifest-00000001.json").write_text(json.dumps({
+        "schema": {"fields": fields},
+        "segments": [{"path": rel} for rel, _ in list(segments) + list(extra_files)],
+    }))
+    (d / current).write_text(json.dumps({
+        "schema": {"fields": fields},
+        "segments": [{"path": rel, "rows": 0} for rel, _ in segments],
+    }))
+    (d / "CURRENT").write_text(current + "\n")
+    return d
+
+
+def test_segment_paths_follow_current_manifest(tmp_path):
+    d = _make_table(
+        tmp_path, "t",
+        [("data/a.parquet", "select 1::bigint as id"), ("data/b.parquet", "select 2::bigint as id")],
+        extra_files=[("data/stale.parquet", "select 99::bigint as id")],
+    )
+    assert q.segment_paths(tmp_path, "t") == [str(d / "data/a.parquet"), str(d / "data/b.parquet")]
+    assert q.list_tables(tmp_path) == ["t"]
+    (tmp_path / "not_a_table").mkdir()
+    assert q.list_tables(tmp_path) == ["t"]
+    con = q.duckdb_connect(tmp_path)
+    assert sorted(q.duckdb_result(con, "select id from t").rows) == [(1,), (2,)]
+
+
+def test_empty_table_uses_manifest_schema(tmp_path):
+    fields = [
+        {"name": "id", "data_type": "Int64", "nullable": False},
+        {"name": "price", "data_type": "Decimal128(15, 2)", "nullable": True},
+        {"name": "d", "data_type": "Date32", "nullable": True},
+        {"name": "s", "data_type": "Utf8", "nullable": True},
+        {"name": "sv", "data_type": "Utf8View", "nullable": True},
+        {"name": "ts", "data_type": "Timestamp(Microsecond, None)", "nullable": True},
+        {"name": "ts2", "data_type": "Timestamp(ns)", "nullable": True},
+        {"name": "f", "data_type": "Float64", "nullable": True},
+        {"name": "b", "data_type": "Boolean", "nullable": True},
+        {"name": "i", "data_type": "Int32", "nullable": True},
+    ]
+    _make_table(tmp_path, "date", [], fields=fields)
+    assert q.segment_paths(tmp_path, "date") == []
+    con = q.duckdb_connect(tmp_path)
+    res = q.duckdb_result(con, 'select * from "date"')
+    assert res.rows == []
+    assert res.types == ["BIGINT", "DECIMAL(15,2)", "DATE", "VARCHAR", "VARCHAR", "TIMESTAMP", "TIMESTAMP",
+                         "DOUBLE", "BOOLEAN", "INTEGER"]
+    assert q.duckdb_result(con, 'select count(*), sum(price) from "date"').rows == [(0, None)]
+
+
+@pytest.mark.parametrize("arrow,duck", [
+    ("Int8", "TINYINT"), ("UInt64", "UBIGINT"), ("Float32", "FLOAT"), ("LargeUtf8", "VARCHAR"),
+    ("Decimal128(38, 10)", "DECIMAL(38,10)"), ("Decimal128(5,0)", "DECIMAL(5,0)"),
+    ('Timestamp(Nanosecond, Some("+00:00"))', "TIMESTAMPTZ"), ('Timestamp(µs, "UTC")', "TIMESTAMPTZ"),
+    ("Date64", "DATE"), ("Binary", "BLOB"), ("Dictionary(Int32, Utf8)", "VARCHAR"),
+])
+def test_arrow_type_mapping(arrow, duck):
+    assert q.arrow_type_to_duckdb(arrow) == duck
+
+
+def test_arrow_type_mapping_rejects_unknown():
+    with pytest.raises(ValueError):
+        q.arrow_type_to_duckdb("List(Int64)")
+
+
+# ---------------------------------------------------------------------------- ORDER BY parsing
+
+
+def test_top_level_order_by():
+    sql = """-- comment with order by x
+    select a, sum(b) as s from t where c in (select c from u order by c) group by a
+    order by s desc nulls last, a asc limit 10;"""
+    assert q.top_level_order_by(sql) == ["s", "a"]
+    assert q.order_key_indices(sql, ["a", "s"]) == [1, 0]
+    assert q.top_level_order_by("select 'order by x' from t") is None
+    assert q.top_level_order_by("select * from (select * from t order by a) x") is None
+    assert q.order_key_indices("select a, b from t order by a + b", ["a", "b"]) is None
+    assert q.order_key_indices("select a, b from t order by 2, t.a", ["a", "b"]) == [1, 0]
+
+
+def test_query_names():
+    assert q.normalize_query_name("q01") == "q1"
+    assert q.normalize_query_name("Q1.1") == "q1.1"
+    assert q.normalize_query_name("q22.sql") == "q22"
+    assert q.query_sort_key("q1.10") > q.query_sort_key("q1.9")
+
+
+# ---------------------------------------------------------------------------- compare_results
+
+
+def test_compare_exact_and_unordered():
+    a = [(1, "x", dt.date(2020, 1, 1), None), (2, "y", dt.date(2020, 1, 2), 1.5)]
+    assert q.compare_results(a, list(reversed(a)), ordered=False)
+    assert not q.compare_results(a, list(reversed(a)), ordered=True)
+    assert not q.compare_results(a, a[:1], ordered=False)
+    assert not q.compare_results([(1,)], [(None,)], ordered=False)
+    assert q.compare_results([(None,)], [(None,)], ordered=True)
+    assert not q.compare_results([("a",)], [("a ",)])
+    assert not q.compare_results([(dt.date(2020, 1, 1),)], [(dt.datetime(2020, 1, 1),)])
+
+
+def test_compare_numbers():
+    assert q.compare_results([(1.0000000001,)], [(1.0,)])
+    assert not q.compare_results([(1.00001,)], [(1.0,)])
+    assert not q.compare_results([(3,)], [(4,)])
+    assert q.compare_results([(3,)], [(Decimal("3.00"),)])
+    assert not q.compare_results([(3,)], [(Decimal("3.01"),)])
+    # decimals of equal scale are exact
+    assert not q.compare_results([(Decimal("1.30"),)], [(Decimal("1.20"),)])
+    # a decimal cut to its scale vs a double: less than one unit of the decimal's scale
+    assert q.compare_results([(Decimal("25.280418"),)], [(25.28041863605672,)])
+    assert q.compare_results([(Decimal("25.280419"),)], [(25.28041863605672,)])
+    assert not q.compare_results([(Decimal("25.280417"),)], [(25.28041863605672,)])
+    # different scales: within one unit of the coarser scale
+    assert q.compare_results([(Decimal("3.333333"),)], [(Decimal("3.3333333333"),)])
+    assert not q.compare_results([(Decimal("3.333331"),)], [(Decimal("3.3333333333"),)])
+    assert q.compare_results([(float("nan"),)], [(float("nan"),)])
+
+
+def test_compare_ties_in_ordered_results():
+    quarry = [(1, "a"), (1, "b"), (2, "c")]
+    duck = [(1, "b"), (1, "a"), (2, "c")]
+    assert not q.compare_results(quarry, duck, ordered=True)
+    assert q.compare_results(quarry, duck, ordered=True, order_key=[0])
+    assert not q.compare_results([(2, "c"), (1, "a"), (1, "b")], duck, ordered=True, order_key=[0])
+
+
+def test_compare_reports_differences():
+    cmp = q.compare_results([(1, "x"), (2, "y")], [(1, "x"), (2, "z")], ordered=True, columns=["a", "b"])
+    assert not cmp
+    text = str(cmp)
+    assert "row 1" in text and "'y'" in text and "'z'" in text and "columns: a, b" in text
+    cmp = q.compare_results([(1,), (2,)], [(1,)], ordered=False)
+    assert "row counts differ: quarry 2, duckdb 1" in str(cmp)
+
+
+def test_compare_query_results_uses_order_by():
+    sql = "select a, b from t order by a"
+    r1 = q.Result(["a", "b"], ["INTEGER", "DECIMAL(10,2)"], [(1, Decimal("2.00")), (1, Decimal("1.00"))])
+    r2 = q.Result(["a", "b"], ["INTEGER", "DOUBLE"], [(1, 1.0), (1, 2.0)])
+    assert q.compare_query_results(sql, r1, r2)
+    r3 = q.Result(["a", "b"], ["INTEGER", "DOUBLE"], [(1, 1.0), (0, 2.0)])
+    assert not q.compare_query_results(sql, r1, r3)
