@@ -5,6 +5,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
+use datafusion::common::ColumnStatistics;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
@@ -66,12 +67,14 @@ impl TableProvider for StorageTable {
         TableType::Base
     }
 
-    /// Filters over this table's columns run on the node, exactly; anything else (subqueries,
-    /// volatile functions) stays on the host.
+    /// Filters over this table's columns run on the node; anything else (subqueries, volatile
+    /// functions) stays on the host. Pushed filters are reported `Inexact` so DataFusion keeps
+    /// a filter above the scan: the node still removes the rows, but the host's filter operator
+    /// estimates their selectivity from column statistics, which orders joins well.
     fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| if node_can_evaluate(f) { TableProviderFilterPushDown::Exact } else { TableProviderFilterPushDown::Unsupported })
+            .map(|f| if node_can_evaluate(f) { TableProviderFilterPushDown::Inexact } else { TableProviderFilterPushDown::Unsupported })
             .collect())
     }
 
@@ -89,7 +92,8 @@ impl TableProvider for StorageTable {
         let schema = Arc::new(self.info.schema.project(&indices)?);
         let projection = indices.iter().map(|&i| self.info.schema.field(i).name().clone()).collect();
         let target = state.config().target_partitions().max(1);
-        let statistics = scan_statistics(&schema, self.info.total_rows(), self.info.total_bytes(), !filters.is_empty());
+        let columns = indices.iter().map(|&i| self.info.column_statistics.get(i).cloned().unwrap_or_else(ColumnStatistics::new_unknown)).collect();
+        let statistics = scan_statistics(self.info.total_rows(), self.info.total_bytes(), columns, !filters.is_empty());
         let spec = ScanSpec {
             table: self.info.name.clone(),
             version: self.info.version,

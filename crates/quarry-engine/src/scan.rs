@@ -12,7 +12,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{Statistics, internal_err};
+use datafusion::common::{ColumnStatistics, Statistics, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Expr;
@@ -277,16 +277,19 @@ struct ScanCounters {
     node_time_ns: Count,
 }
 
-/// Statistics of a scan of `rows` rows of `bytes` bytes; with filters the row count is an
-/// estimate (DataFusion's default 20% selectivity), used by join ordering.
-pub fn scan_statistics(schema: &SchemaRef, rows: u64, bytes: u64, filtered: bool) -> Statistics {
-    let mut statistics = Statistics::new_unknown(schema);
-    if filtered {
-        statistics.num_rows = Precision::Inexact((rows / 5) as usize);
-        statistics.total_byte_size = Precision::Inexact((bytes / 5) as usize);
-    } else {
-        statistics.num_rows = Precision::Exact(rows as usize);
-        statistics.total_byte_size = Precision::Inexact(bytes as usize);
-    }
-    statistics
+/// Statistics of a scan of a table of `rows` rows and `bytes` bytes. Unfiltered, the row count
+/// is exact; with filters the node applies, it is an upper bound, and the host-side filter above
+/// the scan (filters are pushed `Inexact`) estimates the selectivity.
+pub fn scan_statistics(rows: u64, bytes: u64, columns: Vec<ColumnStatistics>, filtered: bool) -> Statistics {
+    let precision = |n: u64| if filtered { Precision::Inexact(n as usize) } else { Precision::Exact(n as usize) };
+    let columns = columns
+        .into_iter()
+        .map(|mut c| {
+            if filtered {
+                c.null_count = c.null_count.to_inexact();
+            }
+            c
+        })
+        .collect();
+    Statistics { num_rows: precision(rows), total_byte_size: Precision::Inexact(bytes as usize), column_statistics: columns }
 }

@@ -9,6 +9,7 @@ use std::fmt::Debug;
 use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
+use datafusion::common::ColumnStatistics;
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
 use futures::stream::BoxStream;
@@ -25,6 +26,10 @@ pub struct TableInfo {
     pub schema: SchemaRef,
     /// Segments in table order.
     pub segments: Vec<SegmentInfo>,
+    /// Per column (in schema order): bounds and NULL count over all segments, for the host's
+    /// cost-based decisions (join order, build sides). Bounds are inexact (strings may be
+    /// truncated), counts exact.
+    pub column_statistics: Vec<ColumnStatistics>,
 }
 
 impl TableInfo {

@@ -13,7 +13,8 @@ use arrow::array::{ArrayRef, BooleanArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::common::pruning::PruningStatistics;
-use datafusion::common::{Column, DFSchema, ScalarValue, plan_datafusion_err, plan_err};
+use datafusion::common::stats::Precision;
+use datafusion::common::{Column, ColumnStatistics, DFSchema, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::error::{DataFusionError, Result};
@@ -90,10 +91,13 @@ pub fn scan_schema(storage: &Schema) -> SchemaRef {
 }
 
 fn table_info(snapshot: &TableSnapshot) -> TableInfo {
+    let schema = scan_schema(&snapshot.schema);
+    let column_statistics = (0..schema.fields().len()).map(|i| column_statistics(&snapshot.manifest.segments, i, schema.field(i).data_type())).collect();
     TableInfo {
+        column_statistics,
         name: snapshot.manifest.table.clone(),
         version: snapshot.manifest.version,
-        schema: scan_schema(&snapshot.schema),
+        schema,
         segments: snapshot
             .manifest
             .segments
@@ -249,6 +253,37 @@ fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Result<Ve
             })
         })
         .collect()
+}
+
+/// Bounds and NULL count of column `index` over `segments`; a bound stays unknown unless every
+/// segment with values has one.
+fn column_statistics(segments: &[SegmentMeta], index: usize, data_type: &DataType) -> ColumnStatistics {
+    let parse = |text: &Option<String>| text.as_ref().and_then(|t| ScalarValue::try_from_string(t.clone(), data_type).ok());
+    let mut min: Option<ScalarValue> = None;
+    let mut max: Option<ScalarValue> = None;
+    let mut bounds_known = true;
+    let mut null_count = Some(0u64);
+    for segment in segments {
+        let Some(column) = segment.columns.get(index) else { return ColumnStatistics::new_unknown() };
+        null_count = null_count.zip(column.null_count).map(|(a, b)| a + b);
+        if column.null_count == Some(segment.rows) {
+            continue; // all NULL: no bounds to contribute
+        }
+        match (parse(&column.min), parse(&column.max)) {
+            (Some(lo), Some(hi)) => {
+                min = Some(match min { Some(m) if m <= lo => m, _ => lo });
+                max = Some(match max { Some(m) if m >= hi => m, _ => hi });
+            }
+            _ => bounds_known = false,
+        }
+    }
+    let mut statistics = ColumnStatistics::new_unknown();
+    if bounds_known {
+        statistics.min_value = min.map_or(Precision::Absent, Precision::Inexact);
+        statistics.max_value = max.map_or(Precision::Absent, Precision::Inexact);
+    }
+    statistics.null_count = null_count.map_or(Precision::Absent, |n| Precision::Exact(n as usize));
+    statistics
 }
 
 /// A segment the manifest names must exist with the size recorded at commit; anything else is
