@@ -147,3 +147,30 @@ fn missing_segment_is_reported_with_its_path() {
     let err = run_err(quarry(&warehouse).args(["sql", "SELECT sum(id) FROM t"]));
     assert!(err.contains(segment.file_name().unwrap().to_str().unwrap()), "{err}");
 }
+
+#[test]
+fn shell_runs_multi_line_statements_and_dot_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = dir.path().join("wh");
+    let csv = dir.path().join("t.csv");
+    write_csv(&csv, 10);
+    run_ok(quarry(&warehouse).args(["load", "t"]).arg(&csv));
+    let mut child = quarry(&warehouse)
+        .arg("shell")
+        .env("HOME", dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let script = ".tables\nSELECT count(*) AS rows_in_t,\n  sum(id) AS id_total\nFROM t;\nSELECT nope FROM t;\nSELECT 40 + 2 AS answer;\n.quit\n";
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("| t "), "table list: {stdout}");
+    assert!(stdout.contains("rows_in_t") && stdout.contains("| 10 ") && stdout.contains("| 45 "), "multi-line result: {stdout}");
+    assert!(stderr.contains("nope"), "an error does not end the session: {stderr}");
+    assert!(stdout.contains("| 42 "), "statements after an error still run: {stdout}");
+}

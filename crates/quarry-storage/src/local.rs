@@ -157,25 +157,22 @@ impl StorageNode for LocalStorageNode {
         }
         let plan = self.plan_scan(&snapshot, &kept, &schema, &request, &filters).await?;
         let batches = execute_stream(Arc::clone(&plan), self.state.task_ctx())?;
-        let mut stats = Some(stats);
+        // The trailing `Finished` is a marker; the closure fills in the statistics it accumulated.
         let stream = batches
             .map(|batch| batch.map(ScanMessage::Batch))
             .chain(futures::stream::once(async { Ok(ScanMessage::Finished(ScanStats::default())) }))
-            .map(move |item| {
-                let stats = stats.as_mut().expect("no items after Finished");
-                match item {
-                    Ok(ScanMessage::Batch(batch)) => {
-                        stats.rows_returned += batch.num_rows() as u64;
-                        stats.bytes_returned += batch_wire_bytes(&batch);
-                        Ok(ScanMessage::Batch(batch))
-                    }
-                    Ok(ScanMessage::Finished(_)) => {
-                        stats.bytes_read = bytes_scanned(plan.as_ref());
-                        stats.elapsed_ns = started.elapsed().as_nanos() as u64;
-                        Ok(ScanMessage::Finished(stats.clone()))
-                    }
-                    Err(e) => Err(e),
+            .map(move |item| match item {
+                Ok(ScanMessage::Batch(batch)) => {
+                    stats.rows_returned += batch.num_rows() as u64;
+                    stats.bytes_returned += batch_wire_bytes(&batch);
+                    Ok(ScanMessage::Batch(batch))
                 }
+                Ok(ScanMessage::Finished(_)) => {
+                    stats.bytes_read = bytes_scanned(plan.as_ref());
+                    stats.elapsed_ns = started.elapsed().as_nanos() as u64;
+                    Ok(ScanMessage::Finished(stats.clone()))
+                }
+                Err(e) => Err(e),
             });
         Ok(stream.boxed())
     }
