@@ -1,7 +1,7 @@
 """Shared pytest fixtures for Quarry's Python tests.
 
-The fixtures build nothing: they need a release binary that was built beforehand
-(``cargo build --release``; CI builds it before running pytest). The binary is
+The fixtures build nothing: they need a binary that was built beforehand
+(scripts/test.sh builds it with the `ci` profile and sets QUARRY_BIN). The binary is
 ``$QUARRY_BIN`` or ``<repo>/target/release/quarry``; a test that needs it *fails* (it does not
 skip) when it is missing, so a CI run without the binary cannot pass by skipping everything.
 Tests of the pure Python helpers (test_quarry_py.py) do not need the binary.
