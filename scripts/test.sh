@@ -10,5 +10,5 @@ cargo build --profile ci --locked --bin quarry
 cargo test --profile ci --locked --workspace
 
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-export QUARRY_BIN="$PWD/target/ci/quarry"
+export QUARRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/ci/quarry"
 python3 -m pytest tests/python -q -p no:cacheprovider

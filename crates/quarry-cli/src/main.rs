@@ -3,6 +3,7 @@
 
 mod bench;
 mod generate;
+mod graph;
 mod load;
 mod progress;
 mod queries;
@@ -45,6 +46,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// List the warehouse's tables with their row counts.
     Tables,
+    /// Graph analytics with sort-reduce in a fixed memory budget.
+    Graph(graph::GraphArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Shell => with_runtime(threads, shell::run(&cli.warehouse, threads)),
         Command::Bench(args) => bench::run(&cli.warehouse, args, threads),
         Command::Tables => with_runtime(threads, sql::list_tables(&cli.warehouse)),
+        Command::Graph(args) => graph::run(&cli.warehouse, args, threads),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

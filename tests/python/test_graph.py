@@ -1,0 +1,160 @@
+"""Graph analytics (`quarry graph`) against networkx on small graphs.
+
+Method: write edge lists with the awkward cases (duplicate edges, self-loops, vertices without
+out-edges, isolated vertices, disconnected parts, weights), import them with `quarry graph import`,
+run each algorithm with a small memory budget, read the result table the run commits to the
+warehouse through DuckDB (the same files SQL reads), and compare with networkx on the graph as
+Quarry defines it: duplicate edges collapsed (the smallest weight kept), self-loops dropped, vertex
+ids 0..max id. BFS parents are checked structurally (networkx may pick another parent of equal
+depth); PageRank runs enough iterations to converge and is compared with networkx's fixed point.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import networkx as nx
+import pytest
+
+import quarry_py
+
+EDGES = [
+    # two components, a sink (4), a duplicate edge, a self-loop, and an isolated vertex (7)
+    (0, 1, 2.0), (0, 2, 0.5), (2, 1, 0.5), (1, 3, 1.0), (3, 4, 4.0), (2, 4, 8.0),
+    (0, 1, 1.0),  # duplicate: the smaller weight wins
+    (3, 3, 1.0),  # self-loop: dropped
+    (5, 6, 1.0), (6, 5, 2.0), (8, 6, 0.25),
+]
+
+
+def run(quarry_bin, warehouse, *args):
+    proc = subprocess.run([quarry_bin, "--warehouse", str(warehouse), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def reference_graph(edges, weighted=True):
+    graph = nx.DiGraph()
+    vertices = max(max(s, d) for s, d, _ in edges) + 1
+    graph.add_nodes_from(range(vertices))
+    for s, d, w in edges:
+        if s == d:
+            continue
+        if graph.has_edge(s, d):
+            graph[s][d]["weight"] = min(graph[s][d]["weight"], w)
+        else:
+            graph.add_edge(s, d, weight=w if weighted else 1.0)
+    return graph
+
+
+def result(warehouse, table):
+    con = quarry_py.duckdb_connect(warehouse, tables=[table])
+    rows = con.execute(f"select * from {table} order by vertex").fetchall()
+    return {row[0]: row[1:] for row in rows}
+
+
+@pytest.fixture
+def imported(quarry_bin, tmp_path):
+    path = tmp_path / "edges.csv"
+    path.write_text("src,dst,weight\n" + "".join(f"{s},{d},{w}\n" for s, d, w in EDGES))
+    warehouse = tmp_path / "wh"
+    run(quarry_bin, warehouse, "graph", "import", "g", "--from", str(path), "--memory", "4MB")
+    return warehouse, reference_graph(EDGES)
+
+
+def test_bfs_parents_form_a_shortest_path_tree(quarry_bin, imported):
+    warehouse, graph = imported
+    run(quarry_bin, warehouse, "graph", "bfs", "g", "--root", "0", "--memory", "4MB")
+    parents = result(warehouse, "g_bfs")
+    depth = nx.single_source_shortest_path_length(graph, 0)
+    assert set(parents) == set(graph.nodes)
+    for vertex, (parent,) in parents.items():
+        if vertex not in depth:
+            assert parent is None, f"{vertex} is unreachable"
+        elif vertex == 0:
+            assert parent == 0
+        else:
+            assert graph.has_edge(parent, vertex) and depth[parent] == depth[vertex] - 1, (vertex, parent)
+
+
+def test_pagerank_matches_networkx(quarry_bin, imported):
+    warehouse, graph = imported
+    run(quarry_bin, warehouse, "graph", "pagerank", "g", "--iterations", "200", "--memory", "4MB")
+    ranks = result(warehouse, "g_pagerank")
+    expected = nx.pagerank(graph, alpha=0.85, weight=None, tol=1e-14, max_iter=10_000)
+    for vertex, value in expected.items():
+        assert ranks[vertex][0] == pytest.approx(value, rel=1e-6), vertex
+
+
+def test_connected_components_match_networkx(quarry_bin, imported):
+    warehouse, graph = imported
+    run(quarry_bin, warehouse, "graph", "cc", "g", "--memory", "4MB")
+    labels = result(warehouse, "g_cc")
+    for component in nx.weakly_connected_components(graph):
+        for vertex in component:
+            assert labels[vertex][0] == min(component)
+
+
+def test_sssp_matches_dijkstra(quarry_bin, imported):
+    warehouse, graph = imported
+    run(quarry_bin, warehouse, "graph", "sssp", "g", "--root", "0", "--memory", "4MB")
+    distances = result(warehouse, "g_sssp")
+    expected = nx.single_source_dijkstra_path_length(graph, 0, weight="weight")
+    for vertex in graph.nodes:
+        distance, parent = distances[vertex]
+        if vertex in expected:
+            assert distance == pytest.approx(expected[vertex], rel=1e-6), vertex
+            if vertex != 0:
+                assert distances[parent][0] + graph[parent][vertex]["weight"] == pytest.approx(distance, rel=1e-6)
+        else:
+            assert distance is None and parent is None
+
+
+def test_betweenness_from_one_source_matches_networkx(quarry_bin, imported):
+    warehouse, graph = imported
+    run(quarry_bin, warehouse, "graph", "bc", "g", "--root", "0", "--memory", "4MB")
+    scores = result(warehouse, "g_bc")
+    unweighted = nx.DiGraph(graph.edges())
+    unweighted.add_nodes_from(graph.nodes)
+    expected = nx.betweenness_centrality_subset(unweighted, sources=[0], targets=list(graph.nodes), normalized=False)
+    for vertex in graph.nodes:
+        if vertex != 0:
+            assert scores[vertex][0] == pytest.approx(expected[vertex], abs=1e-9), vertex
+
+
+def test_random_graph_with_spills_matches_networkx(quarry_bin, tmp_path):
+    """A larger random graph under a 256 KiB budget, so every step's sort-reduce spills runs."""
+    graph = nx.gnm_random_graph(600, 6000, seed=7, directed=True)
+    path = tmp_path / "edges.txt"
+    path.write_text("# src dst\n" + "".join(f"{s} {d}\n" for s, d in graph.edges()))
+    warehouse = tmp_path / "wh"
+    run(quarry_bin, warehouse, "graph", "import", "r", "--from", str(path), "--memory", "256KB")
+    run(quarry_bin, warehouse, "graph", "pagerank", "r", "--iterations", "150", "--memory", "256KB")
+    run(quarry_bin, warehouse, "graph", "bfs", "r", "--root", "0", "--memory", "256KB")
+    ranks = result(warehouse, "r_pagerank")
+    expected = nx.pagerank(graph, alpha=0.85, tol=1e-14, max_iter=10_000)
+    for vertex, value in expected.items():
+        assert ranks[vertex][0] == pytest.approx(value, rel=1e-6), vertex
+    depth = nx.single_source_shortest_path_length(graph, 0)
+    parents = result(warehouse, "r_bfs")
+    assert {v for v, (p,) in parents.items() if p is not None} == set(depth)
+
+
+def peak_rss_mib(args):
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read().decode()
+    return usage.ru_maxrss / 1024.0
+
+
+def test_memory_budget_holds_when_the_data_is_several_times_larger(quarry_bin, tmp_path):
+    """Scale 17: 2M generated edges (16 MB of edge pairs, ~24 MB of PageRank updates per step)
+    under an 8 MiB budget; the process's peak RSS may exceed its idle size by the budget plus
+    allocator slack, never by the data's size."""
+    warehouse = str(tmp_path / "wh")
+    idle = peak_rss_mib([quarry_bin, "--warehouse", warehouse, "graph", "list"])
+    gen = peak_rss_mib([quarry_bin, "--warehouse", warehouse, "--threads", "2", "graph", "gen", "kron", "big", "--scale", "17", "--memory", "8MB"])
+    rank = peak_rss_mib([quarry_bin, "--warehouse", warehouse, "--threads", "2", "graph", "pagerank", "big", "--iterations", "2", "--memory", "8MB"])
+    assert gen <= idle + 8 + 12, f"gen: {gen:.0f} MiB peak vs {idle:.0f} MiB idle"
+    assert rank <= idle + 8 + 12, f"pagerank: {rank:.0f} MiB peak vs {idle:.0f} MiB idle"
