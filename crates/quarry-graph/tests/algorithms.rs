@@ -15,18 +15,15 @@ use quarry_graph::{
     KroneckerParams, RunStats, generate_kronecker,
 };
 
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
+/// Seeded random numbers for test graphs (ChaCha8, already a dependency of the crate).
+struct Rng(rand_chacha::ChaCha8Rng);
 
 impl Rng {
     fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+        Rng(<rand_chacha::ChaCha8Rng as rand_chacha::rand_core::SeedableRng>::seed_from_u64(seed))
     }
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        rand_chacha::rand_core::RngCore::next_u64(&mut self.0)
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
