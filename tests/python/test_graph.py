@@ -12,6 +12,7 @@ depth); PageRank runs enough iterations to converge and is compared with network
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import networkx as nx
@@ -141,11 +142,14 @@ def test_random_graph_with_spills_matches_networkx(quarry_bin, tmp_path):
     assert {v for v, (p,) in parents.items() if p is not None} == set(depth)
 
 
-def peak_rss_mib(args):
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, proc.stderr.read().decode()
-    return usage.ru_maxrss / 1024.0
+def peak_rss_mib(args: list[str]) -> float:
+    """Peak RSS of a quarry command as the process itself reports it (QUARRY_REPORT_PEAK_RSS):
+    a parent cannot measure it, since a forked child's peak includes the parent's pages."""
+    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "QUARRY_REPORT_PEAK_RSS": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(r"quarry: peak RSS (\d+) bytes", proc.stderr)
+    assert match, proc.stderr
+    return int(match.group(1)) / 2**20
 
 
 def test_memory_budget_holds_when_the_data_is_several_times_larger(quarry_bin, tmp_path):

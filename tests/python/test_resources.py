@@ -1,7 +1,7 @@
 """Bounded resources: generators claim bounded memory at any scale factor.
 
-Method: run `quarry gen ssb` at two scale factors five times apart and read each child's peak
-resident set size from `os.wait4` (the kernel's accounting for exactly that process). The
+Method: run `quarry gen ssb` at two scale factors five times apart; each reports its own peak
+resident set size (`VmHWM`, with QUARRY_REPORT_PEAK_RSS set). The
 generator keeps at most one chunk per thread in flight, so the peak must not grow with the data:
 the larger run may use at most 25% more (allocator noise) than the smaller one, while its data is
 5x larger.
@@ -10,15 +10,18 @@ the larger run may use at most 25% more (allocator noise) than the smaller one, 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 
 def peak_rss_mib(args: list[str]) -> float:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    stderr = proc.stderr.read().decode() if proc.stderr else ""
-    assert os.waitstatus_to_exitcode(status) == 0, stderr
-    return usage.ru_maxrss / 1024.0  # ru_maxrss is in KiB on Linux
+    """Peak RSS of a quarry command as the process itself reports it (QUARRY_REPORT_PEAK_RSS):
+    a parent cannot measure it, since a forked child's peak includes the parent's pages."""
+    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "QUARRY_REPORT_PEAK_RSS": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    match = re.search(r"quarry: peak RSS (\d+) bytes", proc.stderr)
+    assert match, proc.stderr
+    return int(match.group(1)) / 2**20
 
 
 def test_ssb_generation_memory_does_not_grow_with_scale(quarry_bin, tmp_path):

@@ -398,14 +398,6 @@ fn print_summary(algorithm: &str, graph: &str, table: &str, runs: &[RunStats], s
         written as f64 / 1e6,
         spilled as f64 / 1e6,
         peak_sort as f64 / 1e6,
-        peak_rss_bytes() as f64 / 1e6
+        crate::peak_rss_bytes() as f64 / 1e6
     );
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`), 0 where unavailable.
-fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-        .map_or(0, |kb| kb * 1024)
 }

@@ -65,6 +65,11 @@ fn main() -> ExitCode {
         Command::Tables => with_runtime(threads, sql::list_tables(&cli.warehouse)),
         Command::Graph(args) => graph::run(&cli.warehouse, args, threads),
     };
+    if std::env::var_os("QUARRY_REPORT_PEAK_RSS").is_some() {
+        // For memory tests: a parent process cannot measure this (a forked child's peak RSS
+        // includes the parent's pages until exec), so the process reports its own.
+        eprintln!("quarry: peak RSS {} bytes", peak_rss_bytes());
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -82,4 +87,12 @@ pub fn with_runtime<T>(threads: usize, future: impl std::future::Future<Output =
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
     runtime.block_on(future)
+}
+
+/// Peak resident set size of this process since exec (Linux `VmHWM`); 0 where unavailable.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or(0, |kb| kb * 1024)
 }
