@@ -4,7 +4,7 @@ reference on the same Kronecker graphs, in one run.
 
 For each scale: `quarry graph gen kron` (skipped if the graph exists), then BFS from the
 highest-out-degree vertex among ids 0..999 and one PageRank iteration, each under `--memory`,
-with wall time and peak RSS of the quarry process (os.wait4). The reference loads the very same
+with wall time and the peak RSS the quarry process reports. The reference loads the very same
 CSR files (out.index / out.edges, little-endian) with numpy and runs
 scipy.sparse.csgraph.breadth_first_order and one PageRank power-iteration step (damping 0.85,
 dangling mass spread uniformly, as Quarry does); it checks that both reach the same vertices and
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,18 +29,6 @@ from scipy.sparse.csgraph import breadth_first_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quarry_py  # noqa: E402
-
-
-def run_measured(args: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of one quarry command."""
-    started = time.perf_counter()
-    # The process reports its own peak RSS: a forked child's peak would include this process's.
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "QUARRY_REPORT_PEAK_RSS": "1"})
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr}")
-    rss = int(re.search(r"quarry: peak RSS (\d+) bytes", proc.stderr).group(1)) / 2**20
-    return wall, rss, proc.stdout
 
 
 def load_csr(graph_dir: Path):
@@ -71,12 +57,12 @@ def main() -> None:
         graph_dir = Path(args.warehouse) / ".graphs" / name
         row: dict = {"scale": scale, "memory": args.memory}
         if not (graph_dir / "meta").exists():
-            row["gen_s"], row["gen_rss_mib"], _ = run_measured(base + ["gen", "kron", name, "--scale", str(scale), "--memory", args.memory])
+            row["gen_s"], row["gen_rss_mib"], _ = quarry_py.run_quarry_measured(base + ["gen", "kron", name, "--scale", str(scale), "--memory", args.memory])
         index = np.fromfile(graph_dir / "out.index", dtype="<u8", count=1001)
         root = int(np.argmax(np.diff(index)))
         row["root"] = root
-        row["bfs_s"], row["bfs_rss_mib"], bfs_out = run_measured(base + ["bfs", name, "--root", str(root), "--memory", args.memory])
-        row["pr_s"], row["pr_rss_mib"], pr_out = run_measured(base + ["pagerank", name, "--iterations", "1", "--memory", args.memory])
+        row["bfs_s"], row["bfs_rss_mib"], bfs_out = quarry_py.run_quarry_measured(base + ["bfs", name, "--root", str(root), "--memory", args.memory])
+        row["pr_s"], row["pr_rss_mib"], pr_out = quarry_py.run_quarry_measured(base + ["pagerank", name, "--iterations", "1", "--memory", args.memory])
         for key, text in (("bfs", bfs_out), ("pr", pr_out)):
             match = re.search(r"reduction before the first write ([\d.]+)%", text)
             row[f"{key}_reduced_before_first_write_pct"] = float(match.group(1)) if match else None

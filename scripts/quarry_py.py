@@ -753,3 +753,26 @@ def normalize_query_name(name: str) -> str:
         stem = stem[:-4]
     nums = re.findall(r"\d+", stem)
     return "q" + ".".join(str(int(n)) for n in nums) if nums else stem.lower()
+
+
+def run_quarry_measured(args: list[str], timeout: float | None = None) -> tuple[float, float, str]:
+    """Runs a quarry command; returns (wall seconds, peak RSS MiB, stdout).
+
+    The peak RSS is the one the process reports itself (QUARRY_REPORT_PEAK_RSS makes quarry print
+    its VmHWM): a parent cannot measure it, since a forked child's peak includes the parent's
+    pages until exec.
+    """
+    import time
+
+    started = time.perf_counter()
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env={**os.environ, "QUARRY_REPORT_PEAK_RSS": "1"}
+    )
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))} failed:\n{proc.stderr}")
+    match = re.search(r"quarry: peak RSS (\d+) bytes", proc.stderr)
+    if not match:
+        raise RuntimeError(f"no peak RSS report in:\n{proc.stderr}")
+    return wall, int(match.group(1)) / 2**20, proc.stdout
+

@@ -11,8 +11,6 @@ depth); PageRank runs enough iterations to converge and is compared with network
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 
 import networkx as nx
@@ -143,13 +141,7 @@ def test_random_graph_with_spills_matches_networkx(quarry_bin, tmp_path):
 
 
 def peak_rss_mib(args: list[str]) -> float:
-    """Peak RSS of a quarry command as the process itself reports it (QUARRY_REPORT_PEAK_RSS):
-    a parent cannot measure it, since a forked child's peak includes the parent's pages."""
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "QUARRY_REPORT_PEAK_RSS": "1"}, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    match = re.search(r"quarry: peak RSS (\d+) bytes", proc.stderr)
-    assert match, proc.stderr
-    return int(match.group(1)) / 2**20
+    return quarry_py.run_quarry_measured(args, timeout=600)[1]
 
 
 def test_memory_budget_holds_when_the_data_is_several_times_larger(quarry_bin, tmp_path):

@@ -9,19 +9,12 @@ the larger run may use at most 25% more (allocator noise) than the smaller one, 
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
+
+import quarry_py
 
 
 def peak_rss_mib(args: list[str]) -> float:
-    """Peak RSS of a quarry command as the process itself reports it (QUARRY_REPORT_PEAK_RSS):
-    a parent cannot measure it, since a forked child's peak includes the parent's pages."""
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "QUARRY_REPORT_PEAK_RSS": "1"}, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    match = re.search(r"quarry: peak RSS (\d+) bytes", proc.stderr)
-    assert match, proc.stderr
-    return int(match.group(1)) / 2**20
+    return quarry_py.run_quarry_measured(args, timeout=600)[1]
 
 
 def test_ssb_generation_memory_does_not_grow_with_scale(quarry_bin, tmp_path):
