@@ -76,36 +76,7 @@ impl Drop for TempDir {
 /// exist; where `/proc` is not mounted nothing is removed. Returns how many were removed; a
 /// missing `dir` is not an error.
 pub fn clean_stale_temp_dirs(dir: impl AsRef<Path>) -> Result<usize> {
-    let dir = dir.as_ref();
-    if !Path::new("/proc/self").exists() {
-        return Ok(0);
-    }
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(Error::io("listing directory", dir, e)),
-    };
-    let own = std::process::id();
-    let mut removed = 0;
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io("listing directory", dir, e))?;
-        let Some(pid) = entry.file_name().to_str().and_then(parse_pid) else {
-            continue;
-        };
-        if pid == own || Path::new("/proc").join(pid.to_string()).exists() {
-            continue;
-        }
-        let path = entry.path();
-        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        match fs::remove_dir_all(&path) {
-            Ok(()) => removed += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("removing stale directory", path, e)),
-        }
-    }
-    Ok(removed)
+    Ok(quarry_sortreduce::remove_dead_process_dirs(dir.as_ref(), parse_pid)?)
 }
 
 /// `[.]quarry-graph-<pid>-<n>[.<suffix>]` -> pid.

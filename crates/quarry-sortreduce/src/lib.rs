@@ -91,4 +91,4 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use reducer::{SortReduceStats, SortReducer, SortedRun};
-pub use run::{TEMP_DIR_PREFIX, clean_stale_temp_dirs};
+pub use run::{TEMP_DIR_PREFIX, clean_stale_temp_dirs, remove_dead_process_dirs};

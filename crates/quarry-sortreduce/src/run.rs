@@ -95,36 +95,42 @@ impl Drop for SpillDir {
 /// reused by an unrelated live process stays until that process exits. Returns the number of
 /// directories removed; a missing `temp_dir` is not an error.
 pub fn clean_stale_temp_dirs(temp_dir: impl AsRef<Path>) -> Result<usize> {
-    let temp_dir = temp_dir.as_ref();
+    remove_dead_process_dirs(temp_dir.as_ref(), parse_dir_pid)
+}
+
+/// Removes the directories directly under `dir` whose name `pid_of` maps to the pid of a process
+/// that no longer runs (not this process, no `/proc/<pid>`); symlinks and files are left alone.
+/// Where `/proc` is not mounted nothing is removed, since liveness cannot be told. Returns the
+/// number removed; a missing `dir` is not an error. Shared by every crate that names scratch
+/// directories after their owner's pid.
+pub fn remove_dead_process_dirs(dir: &Path, pid_of: impl Fn(&str) -> Option<u32>) -> Result<usize> {
     if !Path::new("/proc/self").exists() {
         return Ok(0);
     }
-    let entries = match fs::read_dir(temp_dir) {
+    let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(Error::io("listing temp directory", temp_dir, e)),
+        Err(e) => return Err(Error::io("listing directory", dir, e)),
     };
     let own_pid = std::process::id();
     let mut removed = 0;
     for entry in entries {
-        let entry = entry.map_err(|e| Error::io("listing temp directory", temp_dir, e))?;
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(parse_dir_pid) else {
+        let entry = entry.map_err(|e| Error::io("listing directory", dir, e))?;
+        let Some(pid) = entry.file_name().to_str().and_then(&pid_of) else {
             continue;
         };
         if pid == own_pid || Path::new("/proc").join(pid.to_string()).exists() {
             continue;
         }
         let path = entry.path();
-        match fs::symlink_metadata(&path) {
-            Ok(meta) if meta.is_dir() => {}
-            _ => continue,
+        if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
         }
         match fs::remove_dir_all(&path) {
             Ok(()) => removed += 1,
             // Another process cleaning at the same time got there first.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("removing stale spill directory", path, e)),
+            Err(e) => return Err(Error::io("removing stale directory", path, e)),
         }
     }
     Ok(removed)
