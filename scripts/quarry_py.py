@@ -146,7 +146,7 @@ def sql_string(s: str) -> str:
 
 
 def duckdb_connect(
-    warehouse: str | os.PathLike,
+    warehouse: str | os.PathLike | Sequence[str | os.PathLike],
     tables: Iterable[str] | None = None,
     threads: int | None = None,
 ):
@@ -155,21 +155,24 @@ def duckdb_connect(
     Each view reads exactly the segments of the table's current manifest
     (``read_parquet([...])``); a table without segments becomes an empty table with the
     manifest's schema. ``tables`` restricts the set (default: every table of the warehouse).
+    ``warehouse`` may be a list: the warehouses of several storage nodes, each holding some of
+    a table's segments; a view then reads the segments of all of them.
     """
     import duckdb
 
+    warehouses = [warehouse] if isinstance(warehouse, (str, os.PathLike)) else list(warehouse)
     con = duckdb.connect(":memory:")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
-    names = list(tables) if tables is not None else list_tables(warehouse)
+    names = list(tables) if tables is not None else list_tables(warehouses[0])
     for table in names:
-        paths = segment_paths(warehouse, table)
+        paths = [p for wh in warehouses for p in segment_paths(wh, table)]
         ident = quote_ident(table)
         if paths:
             files = ", ".join(sql_string(p) for p in paths)
             con.execute(f"CREATE VIEW {ident} AS SELECT * FROM read_parquet([{files}])")
         else:
-            fields = read_manifest(warehouse, table).get("schema", {}).get("fields", [])
+            fields = read_manifest(warehouses[0], table).get("schema", {}).get("fields", [])
             if not fields:
                 raise ValueError(f"table {table!r} has neither segments nor a schema in its manifest")
             cols = ", ".join(
@@ -177,6 +180,76 @@ def duckdb_connect(
             )
             con.execute(f"CREATE TABLE {ident} ({cols})")
     return con
+
+
+# --------------------------------------------------------------------------------------------
+# Storage nodes (`quarry serve`) as separate processes
+# --------------------------------------------------------------------------------------------
+
+
+class StorageNodes:
+    """``quarry serve`` processes, one per warehouse, on free loopback ports.
+
+    Use as a context manager; ``urls`` is what ``--nodes`` takes (comma-joined by ``arg``).
+    Each node prints its address as the first line of its stdout once it listens.
+    """
+
+    def __init__(self, warehouses: Sequence[str | os.PathLike], extra_args: Sequence[str] = (), env: dict | None = None):
+        self.warehouses = [Path(w) for w in warehouses]
+        self.extra_args = [str(a) for a in extra_args]
+        self.env = env
+        self.procs: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+
+    def __enter__(self) -> "StorageNodes":
+        try:
+            for wh in self.warehouses:
+                wh.mkdir(parents=True, exist_ok=True)
+                self.procs.append(start_node(wh, self.extra_args, env=self.env))
+                self.urls.append(read_node_url(self.procs[-1]))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def arg(self) -> str:
+        return ",".join(self.urls)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+
+
+def start_node(warehouse: str | os.PathLike, extra_args: Sequence[str] = (), env: dict | None = None) -> subprocess.Popen:
+    """Starts ``quarry serve`` over ``warehouse`` on a free loopback port (read the URL with
+    :func:`read_node_url`)."""
+    cmd = [quarry_bin(), "--warehouse", str(warehouse), "serve", "--listen", "127.0.0.1:0", *map(str, extra_args)]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def read_node_url(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """The ``grpc://...`` line a starting node prints; raises with its stderr if it exits."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout):
+        proc.kill()
+        raise RuntimeError(f"storage node did not report its address within {timeout} s")
+    line = proc.stdout.readline().strip()
+    if not line.startswith("grpc://"):
+        proc.wait(timeout=30)
+        raise RuntimeError(f"storage node failed to start (exit {proc.returncode}): {proc.stderr.read()}")
+    return line
 
 
 @dataclass

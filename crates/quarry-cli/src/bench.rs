@@ -1,7 +1,7 @@
 //! `quarry bench`: runs a suite's queries (generating the data if the warehouse lacks it) and
 //! reports per-query times.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::generate::generate_tables;
 use crate::queries::suite;
-use crate::sql::open_session;
+use crate::target::Target;
 use crate::{CliResult, with_runtime};
 
 #[derive(Debug, Args)]
@@ -36,13 +36,15 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
 }
 
-pub fn run(warehouse_dir: &Path, args: BenchArgs, threads: usize) -> CliResult {
+pub fn run(target: &Target, args: BenchArgs, threads: usize) -> CliResult {
     let queries = suite(&args.suite).expect("clap checked the suite");
-    let warehouse = Warehouse::open(warehouse_dir).map_err(|e| e.to_string())?;
-    ensure_data(&warehouse, &args.suite, args.sf, threads)?;
+    if !target.is_remote() {
+        let warehouse = Warehouse::open(&target.warehouse).map_err(|e| e.to_string())?;
+        ensure_data(&warehouse, &args.suite, args.sf, threads)?;
+    }
     let repeat = args.repeat.max(1);
     with_runtime(threads, async {
-        let session = open_session(warehouse_dir, threads).await?;
+        let session = target.session().await?;
         let mut results = Vec::new();
         println!("{} SF {} on {threads} threads, best of {repeat} after a warm-up", args.suite, args.sf);
         for (name, sql) in queries.iter().filter(|(n, _)| args.queries.is_empty() || args.queries.iter().any(|q| q == n)) {

@@ -10,6 +10,7 @@ use quarry_table::{SegmentOptions, Warehouse, WriteMode};
 
 use crate::CliResult;
 use crate::progress::rows_bar;
+use crate::target::Target;
 
 #[derive(Debug, Args)]
 pub struct GenArgs {
@@ -27,12 +28,18 @@ enum Dataset {
         /// Random seed; the same seed gives the same data.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Rows per segment, about (smaller segments spread a small table over more nodes).
+        #[arg(long, default_value_t = quarry_gen::CHUNK_ROWS_TARGET)]
+        segment_rows: u64,
     },
     /// TPC-H (via the tpchgen crate): the eight TPC-H tables.
     Tpch {
         /// Scale factor (1 = 6M lineitem rows).
         #[arg(long, default_value_t = 1.0)]
         sf: f64,
+        /// Rows per segment, about.
+        #[arg(long, default_value_t = quarry_gen::CHUNK_ROWS_TARGET)]
+        segment_rows: u64,
     },
     /// The Smart SSD paper's Synthetic4/16/64 tables of uniform integers.
     Synthetic {
@@ -54,16 +61,20 @@ enum Dataset {
 /// Manifest properties recording how a table was made.
 type Properties = Vec<(String, String)>;
 
-pub fn run(warehouse: &Path, args: GenArgs, threads: usize) -> CliResult {
+pub fn run(target: &Target, args: GenArgs, threads: usize) -> CliResult {
+    target.write_tables(threads, false, |warehouse| generate(warehouse, args, threads))
+}
+
+fn generate(warehouse: &Path, args: GenArgs, threads: usize) -> CliResult {
     let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
     let (tables, properties): (Vec<Box<dyn TableGenerator>>, Properties) = match args.dataset {
-        Dataset::Ssb { sf, seed } => {
+        Dataset::Ssb { sf, seed, segment_rows } => {
             check_sf(sf)?;
-            (quarry_gen::ssb::ssb_tables(sf, seed), vec![prop("generator", "ssb"), prop("scale_factor", sf), prop("seed", seed)])
+            (quarry_gen::ssb::ssb_tables_chunked(sf, seed, check_segment_rows(segment_rows)?), vec![prop("generator", "ssb"), prop("scale_factor", sf), prop("seed", seed)])
         }
-        Dataset::Tpch { sf } => {
+        Dataset::Tpch { sf, segment_rows } => {
             check_sf(sf)?;
-            (quarry_gen::tpch::tpch_tables(sf), vec![prop("generator", "tpch"), prop("scale_factor", sf)])
+            (quarry_gen::tpch::tpch_tables_chunked(sf, check_segment_rows(segment_rows)?), vec![prop("generator", "tpch"), prop("scale_factor", sf)])
         }
         Dataset::Synthetic { columns, rows, name, seed } => {
             if columns == 0 {
@@ -79,6 +90,10 @@ pub fn run(warehouse: &Path, args: GenArgs, threads: usize) -> CliResult {
 
 fn check_sf(sf: f64) -> CliResult {
     if sf.is_finite() && sf > 0.0 { Ok(()) } else { Err(format!("--sf must be a positive number, not {sf}")) }
+}
+
+fn check_segment_rows(rows: u64) -> CliResult<u64> {
+    if rows >= 1000 { Ok(rows) } else { Err(format!("--segment-rows must be at least 1000, not {rows}")) }
 }
 
 fn prop(key: &str, value: impl ToString) -> (String, String) {

@@ -12,6 +12,7 @@ use quarry_table::ingest::write_batches;
 use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
 
 use crate::progress::rows_bar;
+use crate::target::Target;
 use crate::{CliResult, with_runtime};
 
 #[derive(Debug, Args)]
@@ -47,7 +48,12 @@ pub struct LoadArgs {
     bloom_filter: Vec<String>,
 }
 
-pub fn run(warehouse: &Path, mut args: LoadArgs, threads: usize) -> CliResult {
+pub fn run(target: &Target, args: LoadArgs, threads: usize) -> CliResult {
+    let append = args.append;
+    target.write_tables(threads, append, |warehouse| load(warehouse, args, threads))
+}
+
+fn load(warehouse: &Path, mut args: LoadArgs, threads: usize) -> CliResult {
     let started = Instant::now();
     // Table names fold to lowercase, as unquoted SQL identifiers do.
     args.table = args.table.to_lowercase();

@@ -2,13 +2,16 @@
 //! over the warehouse directory run in this one process.
 
 mod bench;
+mod calibrate;
 mod generate;
 mod graph;
 mod load;
 mod progress;
 mod queries;
+mod serve;
 mod shell;
 mod sql;
+mod target;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +31,19 @@ struct Cli {
     /// Threads to use (default: all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// Storage nodes to use instead of the warehouse directory (grpc://HOST:PORT,...).
+    #[arg(long, global = true, env = "QUARRY_NODES", value_delimiter = ',')]
+    nodes: Vec<String>,
+    /// File holding the token the storage nodes require.
+    #[arg(long, global = true, env = "QUARRY_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Which operators run on the storage nodes: by the cost model, always, or never
+    /// (passthrough).
+    #[arg(long, global = true, default_value = "auto")]
+    pushdown: quarry_engine::PushdownMode,
+    /// Device profile of the embedded storage node (built-in name or JSON file).
+    #[arg(long, global = true)]
+    profile: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,6 +64,10 @@ enum Command {
     Tables,
     /// Graph analytics with sort-reduce in a fixed memory budget.
     Graph(graph::GraphArgs),
+    /// Run a storage node serving the warehouse over Arrow Flight.
+    Serve(serve::ServeArgs),
+    /// Measure this machine's operator costs for the placement cost model.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,14 +76,24 @@ fn main() -> ExitCode {
     }));
     let cli = Cli::parse();
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let target = target::Target {
+        warehouse: cli.warehouse.clone(),
+        nodes: cli.nodes.clone(),
+        token_file: cli.token_file.clone(),
+        pushdown: cli.pushdown,
+        profile: cli.profile.clone(),
+        threads,
+    };
     let outcome = match cli.command {
-        Command::Load(args) => load::run(&cli.warehouse, args, threads),
-        Command::Gen(args) => generate::run(&cli.warehouse, args, threads),
-        Command::Sql(args) => with_runtime(threads, sql::run(&cli.warehouse, args, threads)),
-        Command::Shell => with_runtime(threads, shell::run(&cli.warehouse, threads)),
-        Command::Bench(args) => bench::run(&cli.warehouse, args, threads),
-        Command::Tables => with_runtime(threads, sql::list_tables(&cli.warehouse)),
+        Command::Load(args) => load::run(&target, args, threads),
+        Command::Gen(args) => generate::run(&target, args, threads),
+        Command::Sql(args) => with_runtime(threads, sql::run(&target, args)),
+        Command::Shell => with_runtime(threads, shell::run(&target)),
+        Command::Bench(args) => bench::run(&target, args, threads),
+        Command::Tables => with_runtime(threads, sql::list_tables(&target)),
         Command::Graph(args) => graph::run(&cli.warehouse, args, threads),
+        Command::Serve(args) => serve::run(&target, args, threads),
+        Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
     };
     if std::env::var_os("QUARRY_REPORT_PEAK_RSS").is_some() {
         // For memory tests: a parent process cannot measure this (a forked child's peak RSS

@@ -1,6 +1,6 @@
 //! `quarry shell`: interactive SQL with history and multi-line statements.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use quarry_engine::{OutputFormat, user_message};
@@ -8,7 +8,8 @@ use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
 use crate::CliResult;
-use crate::sql::{open_session, run_statement};
+use crate::sql::run_statement;
+use crate::target::Target;
 
 const HELP: &str = "Statements end with ';' and may span lines.
   .tables           list tables
@@ -20,14 +21,14 @@ fn history_path() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".quarry_history"))
 }
 
-pub async fn run(warehouse: &Path, threads: usize) -> CliResult {
-    let session = open_session(warehouse, threads).await?;
+pub async fn run(target: &Target) -> CliResult {
+    let session = target.session().await?;
     let mut editor = DefaultEditor::new().map_err(|e| format!("starting the line editor: {e}"))?;
     let history = history_path();
     if let Some(path) = &history {
         let _ = editor.load_history(path);
     }
-    println!("Quarry {} — warehouse {}. Type .help for help.", env!("CARGO_PKG_VERSION"), warehouse.display());
+    println!("Quarry {} — {}. Type .help for help.", env!("CARGO_PKG_VERSION"), where_from(target));
     let mut buffer = String::new();
     loop {
         let prompt = if buffer.is_empty() { "quarry> " } else { "   ...> " };
@@ -98,4 +99,8 @@ async fn run_sql(session: &quarry_engine::QuarrySession, sql: &str) {
             }
         }
     }
+}
+
+fn where_from(target: &Target) -> String {
+    if target.is_remote() { format!("storage nodes {}", target.nodes.join(", ")) } else { format!("warehouse {}", target.warehouse.display()) }
 }

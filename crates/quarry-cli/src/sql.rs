@@ -3,14 +3,12 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use clap::Args;
-use quarry_engine::{EngineOptions, FormatSink, OutputFormat, QuarrySession, QueryStats, ResultSink, user_message};
-use quarry_storage::{LocalStorageNode, StorageNode};
-use quarry_table::Warehouse;
+use quarry_engine::{FormatSink, OutputFormat, QuarrySession, QueryStats, ResultSink, user_message};
 
 use crate::CliResult;
+use crate::target::Target;
 
 #[derive(Debug, Args)]
 pub struct SqlArgs {
@@ -30,14 +28,7 @@ pub struct SqlArgs {
     stats: Option<PathBuf>,
 }
 
-/// An embedded session: host and storage node in this process.
-pub async fn open_session(warehouse: &Path, threads: usize) -> CliResult<QuarrySession> {
-    let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
-    let node: Arc<dyn StorageNode> = Arc::new(LocalStorageNode::new(warehouse));
-    QuarrySession::try_new(node, EngineOptions { threads }).await.map_err(|e| user_message(&e))
-}
-
-pub async fn run(warehouse: &Path, args: SqlArgs, threads: usize) -> CliResult {
+pub async fn run(target: &Target, args: SqlArgs) -> CliResult {
     let (sql, source) = match (&args.query, &args.file) {
         (Some(sql), None) => (sql.clone(), None),
         (None, Some(file)) => (
@@ -49,7 +40,7 @@ pub async fn run(warehouse: &Path, args: SqlArgs, threads: usize) -> CliResult {
     if args.format == OutputFormat::Parquet && args.output.is_none() {
         return Err("--format parquet needs --output FILE".into());
     }
-    let session = open_session(warehouse, threads).await?;
+    let session = target.session().await?;
     let in_source = |message: String| match &source {
         Some(file) => format!("{file}: {message}"),
         None => message,
@@ -95,17 +86,27 @@ fn write_stats(path: &Path, stats: &QueryStats) -> CliResult {
     std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-pub async fn list_tables(warehouse: &Path) -> CliResult {
-    let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
-    for name in warehouse.table_names().map_err(|e| e.to_string())? {
-        let table = warehouse.table(&name).map_err(|e| e.to_string())?;
-        println!(
-            "{name}\t{} rows\t{} segments\t{:.1} MB\tversion {}",
-            table.manifest.total_rows(),
-            table.manifest.segments.len(),
-            table.manifest.total_bytes() as f64 / 1e6,
-            table.manifest.version
-        );
+pub async fn list_tables(target: &Target) -> CliResult {
+    let nodes = target.storage_nodes().await?;
+    let mut names = Vec::new();
+    for node in &nodes {
+        names.extend(node.list_tables().await.map_err(|e| user_message(&e))?);
+    }
+    names.sort();
+    names.dedup();
+    for name in names {
+        let (mut rows, mut segments, mut bytes, mut versions) = (0, 0, 0, Vec::new());
+        for node in &nodes {
+            if !node.list_tables().await.map_err(|e| user_message(&e))?.contains(&name) {
+                continue;
+            }
+            let info = node.table_info(&name).await.map_err(|e| user_message(&e))?;
+            rows += info.total_rows();
+            segments += info.segments.len();
+            bytes += info.total_bytes();
+            versions.push(info.version.to_string());
+        }
+        println!("{name}\t{rows} rows\t{segments} segments\t{:.1} MB\tversion {}", bytes as f64 / 1e6, versions.join(","));
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::physical_plan::ExecutionPlan;
 use serde::Serialize;
 
-use crate::scan::{StorageScanExec, metric};
+use crate::scan::{FragmentExec, metric};
 
 /// Where an operator ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -38,6 +38,19 @@ pub struct OperatorStats {
     pub bytes_over_link: u64,
 }
 
+/// The device's side of a query: what storage nodes spent running its fragments.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DeviceStats {
+    /// CPU time of the nodes' workers, milliseconds.
+    pub cpu_ms: f64,
+    /// Time workers paused for the profiles' compute slowdown, milliseconds.
+    pub pause_ms: f64,
+    /// Time batches waited for the profiles' link bandwidth, milliseconds.
+    pub link_wait_ms: f64,
+    /// Bytes spilled by Grace hash joins.
+    pub spilled_bytes: u64,
+}
+
 /// The accounting of one query, as `--stats` writes it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct QueryStats {
@@ -55,8 +68,12 @@ pub struct QueryStats {
     pub segments_pruned: u64,
     /// Rows in the segments opened.
     pub rows_scanned: u64,
-    /// Node-side scan time summed over scans, milliseconds.
+    /// Node-side fragment time summed over fragments, milliseconds.
     pub storage_ms: f64,
+    /// Device CPU, pauses, link waits and spills on the nodes.
+    pub device: DeviceStats,
+    /// Host CPU time of the host-side operators, milliseconds.
+    pub host_cpu_ms: f64,
     /// Every operator of the plan, in pre-order.
     pub operators: Vec<OperatorStats>,
 }
@@ -75,9 +92,8 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
     let sum = |name: &str| metrics.as_ref().and_then(|m| m.sum_by_name(name)).map_or(0, |v| v.as_usize() as u64);
     let rows_out = metrics.as_ref().and_then(|m| m.output_rows()).unwrap_or(0) as u64;
     let compute_ns = metrics.as_ref().and_then(|m| m.elapsed_compute()).unwrap_or(0) as u64;
-    let scan = (plan as &dyn std::any::Any).downcast_ref::<StorageScanExec>();
-    let operator = match scan {
-        Some(scan) => {
+    match plan.downcast_ref::<FragmentExec>() {
+        Some(fragment) => {
             let node_ns = sum(metric::NODE_TIME_NS);
             stats.bytes_read_storage += sum(metric::BYTES_READ_STORAGE);
             stats.bytes_over_link += sum(metric::BYTES_OVER_LINK);
@@ -85,27 +101,45 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
             stats.segments_pruned += sum(metric::SEGMENTS_PRUNED);
             stats.rows_scanned += sum(metric::ROWS_SCANNED);
             stats.storage_ms += node_ns as f64 / 1e6;
-            OperatorStats {
+            stats.device.cpu_ms += sum(metric::DEVICE_CPU_NS) as f64 / 1e6;
+            stats.device.pause_ms += sum(metric::DEVICE_PAUSE_NS) as f64 / 1e6;
+            stats.device.link_wait_ms += sum(metric::LINK_WAIT_NS) as f64 / 1e6;
+            stats.device.spilled_bytes += sum(metric::SPILLED_BYTES);
+            stats.operators.push(OperatorStats {
                 operator: plan.name().to_string(),
                 side: Side::Storage,
-                table: Some(scan.table().to_string()),
+                table: Some(fragment.tables().join(",")),
                 rows_out,
                 compute_ms: node_ns as f64 / 1e6,
                 bytes_read_storage: sum(metric::BYTES_READ_STORAGE),
                 bytes_over_link: sum(metric::BYTES_OVER_LINK),
+            });
+            // The operators that ran inside the fragment, as the nodes reported them.
+            for op in fragment.node_stats().operators {
+                stats.operators.push(OperatorStats {
+                    operator: op.name,
+                    side: Side::Storage,
+                    table: None,
+                    rows_out: op.rows_out,
+                    compute_ms: op.elapsed_ns as f64 / 1e6,
+                    bytes_read_storage: 0,
+                    bytes_over_link: 0,
+                });
             }
         }
-        None => OperatorStats {
-            operator: plan.name().to_string(),
-            side: Side::Host,
-            table: None,
-            rows_out,
-            compute_ms: compute_ns as f64 / 1e6,
-            bytes_read_storage: 0,
-            bytes_over_link: 0,
-        },
-    };
-    stats.operators.push(operator);
+        None => {
+            stats.host_cpu_ms += compute_ns as f64 / 1e6;
+            stats.operators.push(OperatorStats {
+                operator: plan.name().to_string(),
+                side: Side::Host,
+                table: None,
+                rows_out,
+                compute_ms: compute_ns as f64 / 1e6,
+                bytes_read_storage: 0,
+                bytes_over_link: 0,
+            });
+        }
+    }
     for child in plan.children() {
         collect(child.as_ref(), stats);
     }

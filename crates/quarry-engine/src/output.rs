@@ -20,6 +20,8 @@ pub enum OutputFormat {
     Json,
     /// A Parquet file (needs a file, not a terminal).
     Parquet,
+    /// Nothing: the rows are computed and dropped (benchmarks time a query, not its printing).
+    None,
 }
 
 impl std::str::FromStr for OutputFormat {
@@ -30,7 +32,8 @@ impl std::str::FromStr for OutputFormat {
             "csv" => Ok(OutputFormat::Csv),
             "json" => Ok(OutputFormat::Json),
             "parquet" => Ok(OutputFormat::Parquet),
-            other => Err(format!("unknown format '{other}' (expected table, csv, json or parquet)")),
+            "none" => Ok(OutputFormat::None),
+            other => Err(format!("unknown format '{other}' (expected table, csv, json, parquet or none)")),
         }
     }
 }
@@ -65,6 +68,7 @@ impl<W: Write + Send> FormatSink<W> {
             OutputFormat::Csv => sink.csv = Some(arrow::csv::WriterBuilder::new().with_header(true).build(out)),
             OutputFormat::Json => sink.json = Some(arrow::json::ArrayWriter::new(out)),
             OutputFormat::Parquet => sink.parquet = Some(ArrowWriter::try_new(out, schema, None)?),
+            OutputFormat::None => {}
         }
         Ok(sink)
     }
@@ -72,12 +76,16 @@ impl<W: Write + Send> FormatSink<W> {
 
 impl<W: Write + Send> ResultSink for FormatSink<W> {
     fn write_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.format == OutputFormat::None {
+            return Ok(());
+        }
         let batch = conform_batch(batch, &self.schema).map_err(DataFusionError::Execution)?;
         match self.format {
             OutputFormat::Table => self.batches.push(batch),
             OutputFormat::Csv => self.csv.as_mut().expect("csv writer").write(&batch)?,
             OutputFormat::Json => self.json.as_mut().expect("json writer").write(&batch)?,
             OutputFormat::Parquet => self.parquet.as_mut().expect("parquet writer").write(&batch)?,
+            OutputFormat::None => {}
         }
         Ok(())
     }
@@ -108,6 +116,7 @@ impl<W: Write + Send> ResultSink for FormatSink<W> {
             OutputFormat::Parquet => {
                 self.parquet.take().expect("parquet writer").close()?;
             }
+            OutputFormat::None => {}
         }
         Ok(())
     }

@@ -5,29 +5,36 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
-use datafusion::common::ColumnStatistics;
+use datafusion::common::stats::Precision;
+use datafusion::common::{ColumnStatistics, Statistics, plan_err};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::ExecutionPlan;
-use quarry_storage::{SegmentInfo, StorageNode, TableInfo};
+use quarry_storage::{ScanLeaf, ScanLeafExec, SegmentInfo, StorageNode, TableInfo};
 
-use crate::scan::{ScanSpec, StorageScanExec, scan_statistics};
+use crate::scan::{FragmentExec, FragmentPartition};
 
-/// The schema of all tables a storage node serves. Table names are listed once, when the session
-/// is created; each lookup fetches the table's current version, so every query plans against the
-/// latest commit.
+/// The schema of all tables the storage nodes serve. A table may be spread over several nodes
+/// (each holding some of its segments); its schema must then agree on all of them. Table names
+/// are listed once, when the session is created; each lookup fetches the table's current
+/// version, so every query plans against the latest commit.
 #[derive(Debug)]
 pub struct NodeSchemaProvider {
-    node: Arc<dyn StorageNode>,
+    nodes: Vec<Arc<dyn StorageNode>>,
     names: Vec<String>,
 }
 
 impl NodeSchemaProvider {
-    /// Lists `node`'s tables.
-    pub async fn try_new(node: Arc<dyn StorageNode>) -> Result<Self> {
-        let names = node.list_tables().await?;
-        Ok(NodeSchemaProvider { node, names })
+    /// Lists the tables of all `nodes`.
+    pub async fn try_new(nodes: Vec<Arc<dyn StorageNode>>) -> Result<Self> {
+        let mut names = Vec::new();
+        for node in &nodes {
+            names.extend(node.list_tables().await?);
+        }
+        names.sort();
+        names.dedup();
+        Ok(NodeSchemaProvider { nodes, names })
     }
 }
 
@@ -41,8 +48,23 @@ impl SchemaProvider for NodeSchemaProvider {
         if !self.names.iter().any(|n| n == name) {
             return Ok(None);
         }
-        let info = self.node.table_info(name).await?;
-        Ok(Some(Arc::new(StorageTable { node: Arc::clone(&self.node), info })))
+        let mut parts: Vec<(Arc<dyn StorageNode>, TableInfo)> = Vec::new();
+        for node in &self.nodes {
+            if !node.list_tables().await?.iter().any(|n| n == name) {
+                continue;
+            }
+            let info = node.table_info(name).await?;
+            if let Some((first, first_info)) = parts.first()
+                && first_info.schema.fields() != info.schema.fields()
+            {
+                return plan_err!("table '{name}' has different columns on nodes {} and {}", first.name(), node.name());
+            }
+            parts.push((Arc::clone(node), info));
+        }
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(StorageTable { parts })))
     }
 
     fn table_exist(&self, name: &str) -> bool {
@@ -50,27 +72,59 @@ impl SchemaProvider for NodeSchemaProvider {
     }
 }
 
-/// One table of a storage node, at the version current when the query was planned.
+/// One table, as the nodes holding its segments describe it at planning time.
 #[derive(Debug)]
 pub struct StorageTable {
-    node: Arc<dyn StorageNode>,
-    info: TableInfo,
+    parts: Vec<(Arc<dyn StorageNode>, TableInfo)>,
+}
+
+impl StorageTable {
+    fn info(&self) -> &TableInfo {
+        &self.parts[0].1
+    }
+
+    fn total_rows(&self) -> u64 {
+        self.parts.iter().map(|(_, i)| i.total_rows()).sum()
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.parts.iter().map(|(_, i)| i.total_bytes()).sum()
+    }
+
+    /// Column statistics over all nodes: bounds widen, NULL counts add up.
+    fn column_statistics(&self, index: usize) -> ColumnStatistics {
+        let mut merged: Option<ColumnStatistics> = None;
+        for (_, info) in &self.parts {
+            let c = info.column_statistics.get(index).cloned().unwrap_or_else(ColumnStatistics::new_unknown);
+            merged = Some(match merged {
+                None => c,
+                Some(m) => ColumnStatistics {
+                    null_count: m.null_count.add(&c.null_count),
+                    min_value: m.min_value.min(&c.min_value),
+                    max_value: m.max_value.max(&c.max_value),
+                    ..ColumnStatistics::new_unknown()
+                },
+            });
+        }
+        merged.unwrap_or_else(ColumnStatistics::new_unknown)
+    }
 }
 
 #[async_trait]
 impl TableProvider for StorageTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.info.schema)
+        Arc::clone(&self.info().schema)
     }
 
     fn table_type(&self) -> TableType {
         TableType::Base
     }
 
-    /// Filters over this table's columns run on the node; anything else (subqueries, volatile
-    /// functions) stays on the host. Pushed filters are reported `Inexact` so DataFusion keeps
-    /// a filter above the scan: the node still removes the rows, but the host's filter operator
-    /// estimates their selectivity from column statistics, which orders joins well.
+    /// Filters over this table's columns can run on the node; anything else (subqueries,
+    /// volatile functions) stays on the host. They are reported `Inexact`, so DataFusion keeps
+    /// a filter operator above the scan: the placement rule then decides whether it runs on the
+    /// node (pushed into the fragment) or on the host, and the host's filter estimates its
+    /// selectivity from column statistics, which orders joins well.
     fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
@@ -85,27 +139,46 @@ impl TableProvider for StorageTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        let info = self.info();
         let indices: Vec<usize> = match projection {
             Some(p) => p.clone(),
-            None => (0..self.info.schema.fields().len()).collect(),
+            None => (0..info.schema.fields().len()).collect(),
         };
-        let schema = Arc::new(self.info.schema.project(&indices)?);
-        let projection = indices.iter().map(|&i| self.info.schema.field(i).name().clone()).collect();
-        let target = state.config().target_partitions().max(1);
-        let columns = indices.iter().map(|&i| self.info.column_statistics.get(i).cloned().unwrap_or_else(ColumnStatistics::new_unknown)).collect();
-        let statistics = scan_statistics(self.info.total_rows(), self.info.total_bytes(), columns, !filters.is_empty());
-        let spec = ScanSpec {
-            table: self.info.name.clone(),
-            version: self.info.version,
-            partitions: split_segments(&self.info.segments, target),
-            projection,
-            filters: filters.to_vec(),
-            limit,
-            schema,
-            statistics,
-        };
-        Ok(Arc::new(StorageScanExec::new(Arc::clone(&self.node), spec)))
+        let schema = Arc::new(info.schema.project(&indices)?);
+        let projection = indices.iter().map(|&i| info.schema.field(i).name().clone()).collect();
+        let columns = indices.iter().map(|&i| self.column_statistics(i)).collect();
+        // What the leaf reads: the projected columns' share of the table's bytes.
+        let column_share = indices.len().max(1) as f64 / info.schema.fields().len().max(1) as f64;
+        let bytes = (self.total_bytes() as f64 * column_share) as u64;
+        let statistics = scan_statistics(self.total_rows(), bytes, columns, !filters.is_empty());
+        // A limit only holds for the leaf when nothing filters above it.
+        let limit = if filters.is_empty() { limit } else { None };
+        let leaf = ScanLeaf { table: info.name.clone(), version: info.version, segments: Vec::new(), projection, limit };
+        let root = Arc::new(ScanLeafExec::new(leaf, schema).with_statistics(statistics));
+        let partitions = spread_partitions(&self.parts, state.config().target_partitions().max(1));
+        Ok(Arc::new(FragmentExec::try_new(root, partitions)?))
     }
+}
+
+/// Partitions over the nodes holding a table: each node's segments split into a share of
+/// `target` partitions proportional to its bytes (at least one per node with segments).
+fn spread_partitions(parts: &[(Arc<dyn StorageNode>, TableInfo)], target: usize) -> Vec<FragmentPartition> {
+    let total: u64 = parts.iter().map(|(_, i)| i.total_bytes().max(1)).sum();
+    let mut partitions = Vec::new();
+    for (node, info) in parts {
+        if info.segments.is_empty() && parts.len() > 1 {
+            continue;
+        }
+        let share = ((target as u64 * info.total_bytes().max(1)).div_ceil(total) as usize).max(1);
+        for segments in split_segments(&info.segments, share) {
+            partitions.push(FragmentPartition { node: Arc::clone(node), leaves: vec![(info.version, segments)] });
+        }
+    }
+    if partitions.is_empty() {
+        let (node, info) = &parts[0];
+        partitions.push(FragmentPartition { node: Arc::clone(node), leaves: vec![(info.version, Vec::new())] });
+    }
+    partitions
 }
 
 /// Whether a filter can be shipped to a node: plain expressions over columns, literals and
@@ -150,6 +223,23 @@ pub fn split_segments(segments: &[SegmentInfo], target: usize) -> Vec<Vec<Segmen
     out.push(current);
     debug_assert_eq!(out.iter().map(Vec::len).sum::<usize>(), segments.len());
     out
+}
+
+/// Statistics of a scan of a table of `rows` rows and `bytes` bytes. Unfiltered, the row count
+/// is exact; with filters above it, it is an upper bound, and the filter operator above the scan
+/// estimates the selectivity.
+pub fn scan_statistics(rows: u64, bytes: u64, columns: Vec<ColumnStatistics>, filtered: bool) -> Statistics {
+    let precision = |n: u64| if filtered { Precision::Inexact(n as usize) } else { Precision::Exact(n as usize) };
+    let columns = columns
+        .into_iter()
+        .map(|mut c| {
+            if filtered {
+                c.null_count = c.null_count.to_inexact();
+            }
+            c
+        })
+        .collect();
+    Statistics { num_rows: precision(rows), total_byte_size: Precision::Inexact(bytes as usize), column_statistics: columns }
 }
 
 #[cfg(test)]

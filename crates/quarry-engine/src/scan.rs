@@ -1,28 +1,31 @@
-//! `StorageScanExec`: the host's leaf operator that reads a table through a [`StorageNode`].
+//! `FragmentExec`: the host's leaf operator, which runs a plan fragment on storage nodes.
 //!
-//! Each output partition sends one [`ScanRequest`] for its share of the segments and passes the
-//! node's batches on, checking each against the plan's schema (the node is not trusted to send
-//! what was asked). The node's closing statistics become this operator's metrics, which
-//! `EXPLAIN ANALYZE` shows and [`crate::QueryStats`] adds up.
+//! A fragment is a small physical plan over [`ScanLeafExec`] templates: a bare leaf
+//! (passthrough) as the table provider creates it, grown by the placement rule
+//! ([`crate::pushdown`]) with the operators it pushes down. Each output partition sends the
+//! fragment, its leaves filled with that partition's segments, to the partition's node, and
+//! passes the node's batches on, checking each against the plan's schema (the node is not
+//! trusted to send what was asked). The node's closing statistics become this operator's
+//! metrics, which `EXPLAIN ANALYZE` shows and [`crate::QueryStats`] adds up.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{ColumnStatistics, Statistics, internal_err};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Statistics, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::logical_expr::Expr;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_expr::{Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::Boundedness;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::{ScanMessage, ScanRequest, SegmentInfo, StorageNode, batch_wire_bytes};
+use quarry_storage::{ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, batch_wire_bytes, encode_fragment};
+
+use crate::placement::Placement;
 
 /// Metric names this operator records (also read by [`crate::QueryStats`]).
 pub mod metric {
@@ -30,111 +33,153 @@ pub mod metric {
     pub const BYTES_READ_STORAGE: &str = "bytes_read_storage";
     /// Bytes of Arrow batches the node handed to the host.
     pub const BYTES_OVER_LINK: &str = "bytes_over_link";
-    /// Segments the scan asked for.
+    /// Segments the fragment asked for.
     pub const SEGMENTS_REQUESTED: &str = "segments_requested";
     /// Segments the node skipped using manifest statistics.
     pub const SEGMENTS_PRUNED: &str = "segments_pruned";
     /// Rows in the segments the node opened.
     pub const ROWS_SCANNED: &str = "rows_scanned";
-    /// Node-side time of the scans, nanoseconds.
+    /// Node-side wall time of the fragments, nanoseconds.
     pub const NODE_TIME_NS: &str = "node_time_ns";
+    /// CPU time of the node's workers, nanoseconds.
+    pub const DEVICE_CPU_NS: &str = "device_cpu_ns";
+    /// Time the node's workers paused for the profile's compute slowdown, nanoseconds.
+    pub const DEVICE_PAUSE_NS: &str = "device_pause_ns";
+    /// Time batches waited for the profile's link bandwidth, nanoseconds.
+    pub const LINK_WAIT_NS: &str = "link_wait_ns";
+    /// Bytes the node spilled (Grace hash join).
+    pub const SPILLED_BYTES: &str = "spilled_bytes";
 }
 
-/// Reads a table's segments through a storage node, one request per partition.
+/// One partition of a fragment: the node it runs on and, for each leaf of the fragment (in
+/// plan order), the table version and segments it reads.
+#[derive(Debug, Clone)]
+pub struct FragmentPartition {
+    /// The node holding the segments.
+    pub node: Arc<dyn StorageNode>,
+    /// Version and segments per leaf.
+    pub leaves: Vec<(u64, Vec<SegmentInfo>)>,
+}
+
+/// Runs a plan fragment on storage nodes, one request per partition.
 #[derive(Debug)]
-pub struct StorageScanExec {
-    node: Arc<dyn StorageNode>,
-    table: String,
-    version: u64,
-    partitions: Vec<Vec<SegmentInfo>>,
-    projection: Vec<String>,
-    filters: Vec<Expr>,
-    limit: Option<usize>,
-    schema: SchemaRef,
-    statistics: Arc<Statistics>,
+pub struct FragmentExec {
+    root: Arc<dyn ExecutionPlan>,
+    partitions: Vec<FragmentPartition>,
+    placement: Option<Placement>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    node_stats: Arc<Mutex<ScanStats>>,
 }
 
-/// What a [`StorageScanExec`] reads.
-#[derive(Debug, Clone)]
-pub struct ScanSpec {
-    /// Table name.
-    pub table: String,
-    /// Table version planned against.
-    pub version: u64,
-    /// Segments per output partition.
-    pub partitions: Vec<Vec<SegmentInfo>>,
-    /// Projected column names.
-    pub projection: Vec<String>,
-    /// Filters the node applies exactly.
-    pub filters: Vec<Expr>,
-    /// Row limit the node applies after filtering.
-    pub limit: Option<usize>,
-    /// Output schema (the projected columns).
-    pub schema: SchemaRef,
-    /// Estimated output statistics.
-    pub statistics: Statistics,
-}
-
-impl StorageScanExec {
-    /// A scan of `spec` through `node`.
-    pub fn new(node: Arc<dyn StorageNode>, spec: ScanSpec) -> Self {
-        assert_eq!(spec.schema.fields().len(), spec.projection.len(), "schema must be the projection");
-        let partition_count = spec.partitions.len().max(1);
+impl FragmentExec {
+    /// A fragment running `root` (a plan over [`ScanLeafExec`]s) for each of `partitions`.
+    pub fn try_new(root: Arc<dyn ExecutionPlan>, partitions: Vec<FragmentPartition>) -> Result<Self> {
+        let leaves = leaves(&root).len();
+        if partitions.is_empty() || partitions.iter().any(|p| p.leaves.len() != leaves) {
+            return internal_err!("every fragment partition needs segments for each of its {leaves} leaves");
+        }
+        let root_properties = root.properties();
         let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&spec.schema)),
-            Partitioning::UnknownPartitioning(partition_count),
-            EmissionType::Incremental,
+            root_properties.equivalence_properties().clone(),
+            Partitioning::UnknownPartitioning(partitions.len()),
+            root_properties.emission_type,
             Boundedness::Bounded,
         );
-        StorageScanExec {
-            node,
-            table: spec.table,
-            version: spec.version,
-            partitions: spec.partitions,
-            projection: spec.projection,
-            filters: spec.filters,
-            limit: spec.limit,
-            schema: spec.schema,
-            statistics: Arc::new(spec.statistics),
+        Ok(FragmentExec {
+            root,
+            partitions,
+            placement: None,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
-        }
+            node_stats: Arc::new(Mutex::new(ScanStats::default())),
+        })
     }
 
-    /// The table scanned.
-    pub fn table(&self) -> &str {
-        &self.table
+    /// The same partitions running another root (the old one with operators added on top).
+    pub fn with_root(&self, root: Arc<dyn ExecutionPlan>, placement: Option<Placement>) -> Result<Self> {
+        let mut fragment = FragmentExec::try_new(root, self.partitions.clone())?;
+        fragment.placement = placement;
+        Ok(fragment)
+    }
+
+    /// The node-side plan.
+    pub fn root(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.root
+    }
+
+    /// The partitions.
+    pub fn partitions(&self) -> &[FragmentPartition] {
+        &self.partitions
+    }
+
+    /// Whether the fragment only scans (passthrough).
+    pub fn is_passthrough(&self) -> bool {
+        self.root.is::<ScanLeafExec>()
+    }
+
+    /// Tables the fragment reads.
+    pub fn tables(&self) -> Vec<String> {
+        leaves(&self.root).iter().map(|l| l.leaf().table.clone()).collect()
+    }
+
+    /// The accumulated node-side statistics of the fragment's executions.
+    pub fn node_stats(&self) -> ScanStats {
+        self.node_stats.lock().expect("stats lock").clone()
+    }
+
+    /// The fragment for partition `p`: each leaf filled with that partition's segments.
+    fn bind_partition(&self, partition: &FragmentPartition) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut next = 0;
+        let bound = Arc::clone(&self.root).transform_up(|plan| {
+            let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() else { return Ok(Transformed::no(plan)) };
+            let (version, segments) = &partition.leaves[next];
+            next += 1;
+            let ids = segments.iter().map(|s| s.id.clone()).collect();
+            Ok(Transformed::yes(Arc::new(leaf.with_segments(*version, ids)) as Arc<dyn ExecutionPlan>))
+        })?;
+        Ok(bound.data)
     }
 }
 
-impl DisplayAs for StorageScanExec {
+/// The leaves of a fragment plan, in plan order.
+pub fn leaves(root: &Arc<dyn ExecutionPlan>) -> Vec<ScanLeafExec> {
+    let mut out = Vec::new();
+    root.apply(|plan| {
+        if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
+            out.push(leaf.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("visiting a plan cannot fail");
+    out
+}
+
+impl DisplayAs for FragmentExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let segments: usize = self.partitions.iter().map(Vec::len).sum();
-        write!(
-            f,
-            "StorageScanExec: table={}@v{}, node={}, segments={segments}, partitions={}, projection=[{}]",
-            self.table,
-            self.version,
-            self.node.name(),
-            self.partitions.len(),
-            self.projection.join(", ")
-        )?;
-        if !self.filters.is_empty() {
-            let filters: Vec<String> = self.filters.iter().map(ToString::to_string).collect();
-            write!(f, ", filters=[{}]", filters.join(", "))?;
+        let mut nodes: Vec<&str> = self.partitions.iter().map(|p| p.node.name()).collect();
+        nodes.dedup();
+        let segments: usize = self.partitions.iter().flat_map(|p| p.leaves.iter().map(|(_, s)| s.len())).sum();
+        let mode = if self.is_passthrough() { "passthrough" } else { "pushdown" };
+        write!(f, "FragmentExec: {mode}, nodes=[{}], partitions={}, segments={segments}", nodes.join(", "), self.partitions.len())?;
+        if let Some(placement) = &self.placement {
+            write!(f, ", {placement}")?;
         }
-        if let Some(limit) = self.limit {
-            write!(f, ", limit={limit}")?;
-        }
-        Ok(())
+        // The node-side plan, innermost last, on one line.
+        let mut storage_side = Vec::new();
+        self.root
+            .apply(|plan| {
+                storage_side.push(displayable(plan.as_ref()).one_line().to_string().trim().to_string());
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .expect("visiting a plan cannot fail");
+        write!(f, ", storage side: [{}]", storage_side.join(" <- "))
     }
 }
 
-impl ExecutionPlan for StorageScanExec {
+impl ExecutionPlan for FragmentExec {
     fn name(&self) -> &str {
-        "StorageScanExec"
+        "FragmentExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
@@ -153,25 +198,16 @@ impl ExecutionPlan for StorageScanExec {
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() { Ok(self) } else { internal_err!("StorageScanExec has no children") }
+        if children.is_empty() { Ok(self) } else { internal_err!("FragmentExec has no children") }
     }
 
     fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let segments = match self.partitions.get(partition) {
-            Some(segments) => segments,
-            None if self.partitions.is_empty() && partition == 0 => &Vec::new(),
-            None => return internal_err!("StorageScanExec has no partition {partition}"),
+        let Some(part) = self.partitions.get(partition) else {
+            return internal_err!("FragmentExec has no partition {partition}");
         };
-        let request = ScanRequest {
-            table: self.table.clone(),
-            version: self.version,
-            segments: segments.iter().map(|s| s.id.clone()).collect(),
-            projection: self.projection.clone(),
-            filters: self.filters.clone(),
-            limit: self.limit,
-        };
+        let fragment = encode_fragment(self.bind_partition(part)?)?;
         let counter = |name: &'static str| MetricBuilder::new(&self.metrics).counter(name, partition);
-        let counters = ScanCounters {
+        let counters = FragmentCounters {
             output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
             bytes_read: counter(metric::BYTES_READ_STORAGE),
             bytes_over_link: counter(metric::BYTES_OVER_LINK),
@@ -179,10 +215,21 @@ impl ExecutionPlan for StorageScanExec {
             segments_pruned: counter(metric::SEGMENTS_PRUNED),
             rows_scanned: counter(metric::ROWS_SCANNED),
             node_time_ns: counter(metric::NODE_TIME_NS),
+            device_cpu_ns: counter(metric::DEVICE_CPU_NS),
+            device_pause_ns: counter(metric::DEVICE_PAUSE_NS),
+            link_wait_ns: counter(metric::LINK_WAIT_NS),
+            spilled_bytes: counter(metric::SPILLED_BYTES),
         };
-        let node = Arc::clone(&self.node);
-        let checker = ResponseChecker { node_name: node.name().to_string(), schema: Arc::clone(&self.schema), counters, finished: false };
-        let response = futures::stream::once(async move { node.scan(request).await }).try_flatten().boxed();
+        let node = Arc::clone(&part.node);
+        let schema = self.schema();
+        let checker = ResponseChecker {
+            node_name: node.name().to_string(),
+            schema: Arc::clone(&schema),
+            counters,
+            node_stats: Arc::clone(&self.node_stats),
+            finished: false,
+        };
+        let response = futures::stream::once(async move { node.execute(fragment).await }).try_flatten().boxed();
         let batches = futures::stream::unfold(Some((response, checker)), |state| async move {
             let (mut response, mut checker) = state?;
             loop {
@@ -194,18 +241,17 @@ impl ExecutionPlan for StorageScanExec {
                 }
             }
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), batches)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
 
-    #[allow(deprecated)]
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         match partition {
-            None => Ok(Arc::clone(&self.statistics)),
-            Some(_) => Ok(Arc::new(Statistics::new_unknown(&self.schema))),
+            None => self.root.partition_statistics(None),
+            Some(_) => Ok(Arc::new(Statistics::new_unknown(&self.schema()))),
         }
     }
 
@@ -218,7 +264,8 @@ impl ExecutionPlan for StorageScanExec {
 struct ResponseChecker {
     node_name: String,
     schema: SchemaRef,
-    counters: ScanCounters,
+    counters: FragmentCounters,
+    node_stats: Arc<Mutex<ScanStats>>,
     finished: bool,
 }
 
@@ -233,7 +280,7 @@ impl ResponseChecker {
         let node = &self.node_name;
         match item {
             Some(Ok(ScanMessage::Batch(_))) if self.finished => {
-                Checked::Item(Err(DataFusionError::Execution(format!("node {node} sent a batch after finishing the scan"))))
+                Checked::Item(Err(DataFusionError::Execution(format!("node {node} sent a batch after finishing the fragment"))))
             }
             Some(Ok(ScanMessage::Batch(batch))) => {
                 if batch.schema().fields() != self.schema.fields() {
@@ -249,25 +296,31 @@ impl ResponseChecker {
             }
             Some(Ok(ScanMessage::Finished(stats))) => {
                 self.finished = true;
-                self.counters.bytes_read.add(stats.bytes_read as usize);
-                self.counters.segments_requested.add(stats.segments_requested as usize);
-                self.counters.segments_pruned.add(stats.segments_pruned as usize);
-                self.counters.rows_scanned.add(stats.rows_scanned as usize);
-                self.counters.node_time_ns.add(stats.elapsed_ns as usize);
+                let c = &self.counters;
+                c.bytes_read.add(stats.bytes_read as usize);
+                c.segments_requested.add(stats.segments_requested as usize);
+                c.segments_pruned.add(stats.segments_pruned as usize);
+                c.rows_scanned.add(stats.rows_scanned as usize);
+                c.node_time_ns.add(stats.elapsed_ns as usize);
+                c.device_cpu_ns.add(stats.device_cpu_ns as usize);
+                c.device_pause_ns.add(stats.device_pause_ns as usize);
+                c.link_wait_ns.add(stats.link_wait_ns as usize);
+                c.spilled_bytes.add(stats.spilled_bytes as usize);
+                self.node_stats.lock().expect("stats lock").merge(&stats);
                 Checked::Continue
             }
-            Some(Err(e)) => Checked::Item(Err(e)),
+            Some(Err(e)) => Checked::Item(Err(DataFusionError::Execution(format!("storage node {node}: {}", crate::session::user_message(&e))))),
             // A stream that ends without its statistics was cut off: never pass a partial
             // result on as complete.
             None if !self.finished => Checked::Item(Err(DataFusionError::Execution(format!(
-                "node {node} ended the scan without its final statistics (the result would be incomplete)"
+                "storage node {node} ended the fragment without its final statistics (the result would be incomplete)"
             )))),
             None => Checked::End,
         }
     }
 }
 
-struct ScanCounters {
+struct FragmentCounters {
     output_rows: Count,
     bytes_read: Count,
     bytes_over_link: Count,
@@ -275,21 +328,8 @@ struct ScanCounters {
     segments_pruned: Count,
     rows_scanned: Count,
     node_time_ns: Count,
-}
-
-/// Statistics of a scan of a table of `rows` rows and `bytes` bytes. Unfiltered, the row count
-/// is exact; with filters the node applies, it is an upper bound, and the host-side filter above
-/// the scan (filters are pushed `Inexact`) estimates the selectivity.
-pub fn scan_statistics(rows: u64, bytes: u64, columns: Vec<ColumnStatistics>, filtered: bool) -> Statistics {
-    let precision = |n: u64| if filtered { Precision::Inexact(n as usize) } else { Precision::Exact(n as usize) };
-    let columns = columns
-        .into_iter()
-        .map(|mut c| {
-            if filtered {
-                c.null_count = c.null_count.to_inexact();
-            }
-            c
-        })
-        .collect();
-    Statistics { num_rows: precision(rows), total_byte_size: Precision::Inexact(bytes as usize), column_statistics: columns }
+    device_cpu_ns: Count,
+    device_pause_ns: Count,
+    link_wait_ns: Count,
+    spilled_bytes: Count,
 }

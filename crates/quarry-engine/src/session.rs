@@ -8,6 +8,7 @@ use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement};
@@ -17,6 +18,7 @@ use quarry_storage::StorageNode;
 
 use crate::accounting::QueryStats;
 use crate::output::ResultSink;
+use crate::placement::{PlacementRule, PushdownMode};
 use crate::provider::NodeSchemaProvider;
 
 /// How a session runs queries.
@@ -24,18 +26,20 @@ use crate::provider::NodeSchemaProvider;
 pub struct EngineOptions {
     /// Threads the host uses (DataFusion's target partitions).
     pub threads: usize,
+    /// Which operators go to the storage nodes.
+    pub pushdown: PushdownMode,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()) }
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto }
     }
 }
 
-/// A SQL session over one storage node.
+/// A SQL session over storage nodes.
 pub struct QuarrySession {
     ctx: SessionContext,
-    node: Arc<dyn StorageNode>,
+    nodes: Vec<Arc<dyn StorageNode>>,
 }
 
 /// A collected query result.
@@ -50,21 +54,40 @@ pub struct QueryResult {
 }
 
 impl QuarrySession {
-    /// A session over `node`'s tables.
-    pub async fn try_new(node: Arc<dyn StorageNode>, options: EngineOptions) -> Result<Self> {
+    /// A session over the tables of `nodes` (a table may be spread over several).
+    pub async fn try_new(nodes: Vec<Arc<dyn StorageNode>>, options: EngineOptions) -> Result<Self> {
+        if nodes.is_empty() {
+            return plan_err!("a session needs at least one storage node");
+        }
         let config = SessionConfig::new()
             .with_target_partitions(options.threads.max(1))
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
-        let session = QuarrySession { ctx: SessionContext::new_with_state(state), node };
+        let mut descriptions = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            // Placement knows a node by the name the host uses for it.
+            let mut description = node.describe().await?;
+            description.name = node.name().to_string();
+            descriptions.push(description);
+        }
+        // The host's own rates: those the (first) node measured on its machine, which in
+        // embedded mode is this one.
+        let host_rates = descriptions[0].calibration.clone();
+        let placement = PlacementRule::new(options.pushdown, descriptions, host_rates, options.threads);
+        // Placement runs first, on the plan as the planner built it (partial aggregates directly
+        // above their inputs, before DataFusion adds repartitioning and coalescing).
+        let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(placement)];
+        rules.extend(state.physical_optimizers().iter().cloned());
+        let state = SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
+        let session = QuarrySession { ctx: SessionContext::new_with_state(state), nodes };
         session.refresh_tables().await?;
         Ok(session)
     }
 
     /// Re-reads the node's table list (tables loaded since the session started become visible).
     pub async fn refresh_tables(&self) -> Result<()> {
-        let schema = NodeSchemaProvider::try_new(Arc::clone(&self.node)).await?;
+        let schema = NodeSchemaProvider::try_new(self.nodes.clone()).await?;
         let catalog = self.ctx.catalog("quarry").ok_or_else(|| DataFusionError::Internal("catalog 'quarry' missing".into()))?;
         catalog.register_schema("main", Arc::new(schema))?;
         Ok(())

@@ -145,7 +145,7 @@ pub fn ssb_tables(sf: f64, seed: u64) -> Vec<Box<dyn TableGenerator>> {
 
 /// [`ssb_tables`] with chunks of about `chunk_rows` rows (tests use small chunks to exercise
 /// chunking on small data).
-pub(crate) fn ssb_tables_chunked(
+pub fn ssb_tables_chunked(
     sf: f64,
     seed: u64,
     chunk_rows: u64,

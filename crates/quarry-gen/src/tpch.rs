@@ -42,7 +42,7 @@ pub fn tpch_tables(sf: f64) -> Vec<Box<dyn TableGenerator>> {
 }
 
 /// [`tpch_tables`] with chunks of about `chunk_rows` rows.
-pub(crate) fn tpch_tables_chunked(sf: f64, chunk_rows: u64) -> Vec<Box<dyn TableGenerator>> {
+pub fn tpch_tables_chunked(sf: f64, chunk_rows: u64) -> Vec<Box<dyn TableGenerator>> {
     assert!(
         sf.is_finite() && sf > 0.0,
         "TPC-H scale factor must be positive, got {sf}"

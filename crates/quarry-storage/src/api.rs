@@ -11,9 +11,10 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::common::ColumnStatistics;
 use datafusion::error::Result;
-use datafusion::logical_expr::Expr;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
+
+use crate::profile::NodeDescription;
 
 /// What a host needs to plan over a table: its committed version, schema and segments.
 #[derive(Debug, Clone)]
@@ -55,9 +56,10 @@ pub struct SegmentInfo {
     pub bytes: u64,
 }
 
-/// A scan of some of a table's segments.
-#[derive(Debug, Clone)]
-pub struct ScanRequest {
+/// What one leaf of a fragment reads: some of a table's segments, by name. A leaf names tables,
+/// versions, segment ids and columns, never files: the node resolves them in its own catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanLeaf {
     /// Table name.
     pub table: String,
     /// Version the segments belong to (from [`TableInfo::version`]).
@@ -66,10 +68,19 @@ pub struct ScanRequest {
     pub segments: Vec<String>,
     /// Columns to return, by name, in this order; empty returns batches of row counts only.
     pub projection: Vec<String>,
-    /// Predicates over the table's columns, all of which rows must satisfy.
-    pub filters: Vec<Expr>,
-    /// Stop after this many rows (after filtering).
+    /// Stop after this many rows (only for leaves with no filter above them).
     pub limit: Option<usize>,
+}
+
+/// A fragment of a query plan for a node to run next to its data: a DataFusion physical plan
+/// (datafusion-proto bytes, see [`crate::fragment`]) whose leaves are [`ScanLeaf`]s. A bare leaf
+/// is *passthrough* (projected columns, unfiltered, as a plain storage server returns them);
+/// operators above it (filter, projection, partial aggregation, top-k, a join of two leaves)
+/// are pushdown.
+#[derive(Debug, Clone)]
+pub struct Fragment {
+    /// The encoded plan.
+    pub plan: bytes::Bytes,
 }
 
 /// One item of a scan's response stream: batches, then exactly one `Finished` at the end.
@@ -101,6 +112,35 @@ pub struct ScanStats {
     pub bytes_returned: u64,
     /// Node-side wall time of the scan, nanoseconds.
     pub elapsed_ns: u64,
+    /// CPU time the node's workers spent on the fragment, nanoseconds.
+    #[serde(default)]
+    pub device_cpu_ns: u64,
+    /// Time the node's workers paused to emulate a slower device CPU, nanoseconds.
+    #[serde(default)]
+    pub device_pause_ns: u64,
+    /// Time batches waited for the device profile's link bandwidth, nanoseconds.
+    #[serde(default)]
+    pub link_wait_ns: u64,
+    /// Bytes spilled to the node's local files (Grace hash join partitions).
+    #[serde(default)]
+    pub spilled_bytes: u64,
+    /// Time the fragment waited for admission (a free session slot), nanoseconds.
+    #[serde(default)]
+    pub queued_ns: u64,
+    /// The node-side operators, top first.
+    #[serde(default)]
+    pub operators: Vec<NodeOperatorStats>,
+}
+
+/// Rows and time of one operator that ran on the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeOperatorStats {
+    /// Operator name, e.g. `FilterExec`.
+    pub name: String,
+    /// Rows the operator produced.
+    pub rows_out: u64,
+    /// Time DataFusion attributes to the operator, nanoseconds.
+    pub elapsed_ns: u64,
 }
 
 impl ScanStats {
@@ -113,6 +153,20 @@ impl ScanStats {
         self.bytes_read += other.bytes_read;
         self.bytes_returned += other.bytes_returned;
         self.elapsed_ns += other.elapsed_ns;
+        self.device_cpu_ns += other.device_cpu_ns;
+        self.device_pause_ns += other.device_pause_ns;
+        self.link_wait_ns += other.link_wait_ns;
+        self.spilled_bytes += other.spilled_bytes;
+        self.queued_ns += other.queued_ns;
+        for op in &other.operators {
+            match self.operators.iter_mut().find(|o| o.name == op.name) {
+                Some(mine) => {
+                    mine.rows_out += op.rows_out;
+                    mine.elapsed_ns += op.elapsed_ns;
+                }
+                None => self.operators.push(op.clone()),
+            }
+        }
     }
 }
 
@@ -125,9 +179,12 @@ pub trait StorageNode: Debug + Send + Sync {
     async fn list_tables(&self) -> Result<Vec<String>>;
     /// The committed state of one table; a `Plan` error naming the table if it does not exist.
     async fn table_info(&self, table: &str) -> Result<TableInfo>;
-    /// Starts a scan. Errors about the request (unknown table, column or segment) come back
-    /// here; errors while reading come as items of the stream.
-    async fn scan(&self, request: ScanRequest) -> Result<ScanStream>;
+    /// What the node is: its device profile and calibrated rates, for the host's placement.
+    async fn describe(&self) -> Result<NodeDescription>;
+    /// Runs a fragment. Errors about the fragment (unknown table, column or segment, an
+    /// operator the node does not run) come back here; errors while running come as items of
+    /// the stream. Dropping the stream cancels the fragment and frees its grant.
+    async fn execute(&self, fragment: Fragment) -> Result<ScanStream>;
 }
 
 /// Bytes of a batch's Arrow buffers as it would cross a link: the bytes its (possibly sliced)

@@ -1,12 +1,21 @@
-//! The storage interface and its in-process storage node.
+//! The storage interface and the storage node that serves it.
 //!
-//! All table reads go through [`StorageNode`]: scan a table's segments with a projection,
-//! filters and a limit, and receive a stream of Arrow batches followed by the scan's statistics.
-//! [`LocalStorageNode`] serves it in-process (embedded mode); a networked node serves the same
-//! trait, so the host's code path is the same either way.
+//! All table reads go through [`StorageNode`]: the host sends a [`Fragment`] (a physical plan
+//! over [`ScanLeaf`]s: scan, filter, projection, partial aggregation, top-k, join) and receives
+//! a stream of Arrow batches followed by the fragment's statistics. [`LocalStorageNode`] runs
+//! fragments over a warehouse within a [`DeviceProfile`]; the Flight service (`quarry-flight`)
+//! serves the same trait over the network, so the host's code path is the same either way.
 
 pub mod api;
+pub mod catalog;
+pub mod fragment;
+pub mod grace_join;
 pub mod local;
+pub mod profile;
 
-pub use api::{ScanMessage, ScanRequest, ScanStats, ScanStream, SegmentInfo, StorageNode, TableInfo, batch_wire_bytes};
-pub use local::{LocalStorageNode, scan_schema};
+pub use api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, StorageNode, TableInfo, batch_wire_bytes};
+pub use catalog::{scan_schema, table_error};
+pub use fragment::{ScanLeafExec, decode_fragment, encode_fragment, validate_fragment};
+pub use grace_join::GraceHashJoinExec;
+pub use local::{CALIBRATION_FILE, LocalStorageNode};
+pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size};

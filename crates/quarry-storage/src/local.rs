@@ -1,39 +1,59 @@
-//! The in-process storage node: serves [`StorageNode`] from a local [`Warehouse`].
+//! The storage node proper: runs fragments over a local [`Warehouse`], within a device profile.
 //!
-//! A scan runs next to the data: segments are pruned by the manifest's statistics without being
-//! opened, the rest are read by DataFusion's Parquet scan (row-group, page-index and Bloom-filter
-//! pruning, predicates evaluated during decode), then filtered, projected and limited here, so
-//! only the requested rows and columns leave the node.
+//! A fragment is decoded and validated against the node's catalog, its leaves are bound to
+//! Parquet scans of the named segments (pruned first by the manifest's statistics under the
+//! filter directly above the leaf), a join of two leaves becomes a Grace hash join within the
+//! device's memory, and DataFusion's physical optimizer pushes the filter into the Parquet
+//! decoder (row-group, page-index and Bloom pruning, late materialization). Each output
+//! partition then runs on its own worker under the profile: pushdown work pauses in proportion
+//! to the CPU it used and takes one of the device's threads while it runs; every batch waits
+//! for the link. Passthrough fragments (a bare leaf) stand for a plain storage device: they use
+//! no device compute budget.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, BooleanArray, UInt64Array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use datafusion::common::pruning::PruningStatistics;
-use datafusion::common::stats::Precision;
-use datafusion::common::{Column, ColumnStatistics, DFSchema, ScalarValue, plan_datafusion_err, plan_err};
+use datafusion::common::plan_err;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::catalog::TableProvider;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
-use datafusion::logical_expr::expr_rewriter::unnormalize_cols;
-use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::Expr;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
-use datafusion::physical_plan::filter::FilterExecBuilder;
-use datafusion::physical_plan::limit::GlobalLimitExec;
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use datafusion::prelude::SessionConfig;
-use futures::StreamExt;
-use quarry_table::{SegmentMeta, TableError, TableSnapshot, Warehouse};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use quarry_table::{SegmentMeta, TableSnapshot, Warehouse};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
 
-use crate::api::{ScanMessage, ScanRequest, ScanStats, ScanStream, SegmentInfo, StorageNode, TableInfo, batch_wire_bytes};
+use crate::api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, StorageNode, TableInfo, batch_wire_bytes};
+use crate::catalog::{SegmentStatistics, bytes_scanned, check_segment_file, scan_schema, select_segments, table_error, table_info};
+use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
+use crate::grace_join::GraceHashJoinExec;
+use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, ThrottledStore, thread_cpu_ns};
+
+/// Default device memory when a profile sets none.
+const DEFAULT_DEVICE_MEMORY: u64 = 4 << 30;
+/// Default number of fragments admitted at once.
+const DEFAULT_MAX_SESSIONS: usize = 64;
 
 /// A storage node over a warehouse directory on this machine.
 #[derive(Debug)]
@@ -41,71 +61,230 @@ pub struct LocalStorageNode {
     name: String,
     warehouse: Warehouse,
     state: SessionState,
+    profile: DeviceProfile,
+    calibration: Calibration,
+    store: Arc<ThrottledStore>,
+    link: Option<Arc<BandwidthLimiter>>,
+    device_threads: Arc<Semaphore>,
+    sessions: Arc<Semaphore>,
+    counters: Arc<NodeCounters>,
+}
+
+/// Cumulative counters since the node started (exported in Prometheus text format).
+#[derive(Debug, Default)]
+pub struct NodeCounters {
+    fragments_started: AtomicU64,
+    fragments_rejected: AtomicU64,
+    fragments_active: AtomicU64,
+    fragments_queued: AtomicU64,
+    rows_scanned: AtomicU64,
+    rows_returned: AtomicU64,
+    bytes_returned: AtomicU64,
+    device_cpu_ns: AtomicU64,
+    device_pause_ns: AtomicU64,
+    spilled_bytes: AtomicU64,
 }
 
 impl LocalStorageNode {
-    /// Serves the tables of `warehouse`.
+    /// Serves the tables of `warehouse` with no device limits.
     pub fn new(warehouse: Warehouse) -> Self {
-        let mut config = SessionConfig::new().with_target_partitions(1);
+        Self::with_profile(warehouse, DeviceProfile { name: "native".into(), compute_slowdown: 1.0, ..Default::default() })
+            .expect("the native profile is valid")
+    }
+
+    /// Serves the tables of `warehouse` within `profile`.
+    pub fn with_profile(warehouse: Warehouse, profile: DeviceProfile) -> Result<Self> {
+        profile.validate().map_err(DataFusionError::Configuration)?;
+        let threads = profile.threads();
+        let memory = profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY);
+        let mut config = SessionConfig::new().with_target_partitions(threads);
         let options = config.options_mut();
         // Late materialization: evaluate predicates while decoding, fetching the other columns
         // only for rows that pass.
         options.execution.parquet.pushdown_filters = true;
         options.execution.parquet.reorder_filters = true;
         options.execution.collect_statistics = false;
-        let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
-        LocalStorageNode { name: "local".into(), warehouse, state }
+        let runtime = RuntimeEnvBuilder::new().with_memory_limit(memory as usize, 1.0).build_arc()?;
+        let local = runtime.object_store(ObjectStoreUrl::local_filesystem())?;
+        let read_limit = profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
+        let store = Arc::new(ThrottledStore::new(local, read_limit));
+        runtime.register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), Arc::clone(&store) as _);
+        let state = SessionStateBuilder::new().with_config(config).with_runtime_env(runtime).with_default_features().build();
+        let calibration = std::fs::read(warehouse.root().join(CALIBRATION_FILE))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        Ok(LocalStorageNode {
+            name: "local".into(),
+            link: profile.link_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps))),
+            device_threads: Arc::new(Semaphore::new(threads)),
+            sessions: Arc::new(Semaphore::new(profile.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS))),
+            counters: Arc::new(NodeCounters::default()),
+            warehouse,
+            state,
+            profile,
+            calibration,
+            store,
+        })
+    }
+
+    /// Names the node (its listen address) in messages and metrics.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
     }
 
     /// The warehouse served.
     pub fn warehouse(&self) -> &Warehouse {
         &self.warehouse
     }
-}
 
-/// Maps table-layer errors to DataFusion errors a user can read: a missing table is a planning
-/// error; anything else reports the file concerned.
-pub fn table_error(e: TableError) -> DataFusionError {
-    match e {
-        TableError::TableNotFound(name) => plan_datafusion_err!("table '{name}' not found"),
-        TableError::InvalidTableName(name) => plan_datafusion_err!("table '{name}' not found (invalid table name)"),
-        other => DataFusionError::External(Box::new(other)),
+    /// The node's cumulative counters in Prometheus text exposition format.
+    pub fn metrics_text(&self) -> String {
+        let c = &self.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let metrics: [(&str, &str, &str, u64); 12] = [
+            ("quarry_node_fragments_total", "counter", "Fragments started", load(&c.fragments_started)),
+            ("quarry_node_fragments_rejected_total", "counter", "Fragments rejected by validation", load(&c.fragments_rejected)),
+            ("quarry_node_fragments_active", "gauge", "Fragments running now", load(&c.fragments_active)),
+            ("quarry_node_fragments_queued", "gauge", "Fragments waiting for admission", load(&c.fragments_queued)),
+            ("quarry_node_rows_scanned_total", "counter", "Rows in the segments opened", load(&c.rows_scanned)),
+            ("quarry_node_rows_returned_total", "counter", "Rows sent to hosts", load(&c.rows_returned)),
+            ("quarry_node_bytes_read_total", "counter", "Bytes read from segment files", self.store.bytes_read()),
+            ("quarry_node_bytes_sent_total", "counter", "Bytes of Arrow batches sent to hosts", load(&c.bytes_returned)),
+            ("quarry_node_device_cpu_seconds_total", "counter", "CPU time of device workers", load(&c.device_cpu_ns) / 1_000_000_000),
+            ("quarry_node_device_pause_seconds_total", "counter", "Time device workers paused for the compute slowdown", load(&c.device_pause_ns) / 1_000_000_000),
+            ("quarry_node_spilled_bytes_total", "counter", "Bytes spilled by Grace hash joins", load(&c.spilled_bytes)),
+            ("quarry_node_link_wait_seconds_total", "counter", "Time batches waited for the link", self.link.as_ref().map_or(0, |l| l.waited().as_secs())),
+        ];
+        let mut text = String::new();
+        for (name, kind, help, value) in metrics {
+            text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{node=\"{}\"}} {value}\n", self.name));
+        }
+        text
     }
-}
 
-/// The schema scans return: strings and binaries as views, which DataFusion processes fastest.
-pub fn scan_schema(storage: &Schema) -> SchemaRef {
-    let fields: Vec<Field> = storage
-        .fields()
-        .iter()
-        .map(|f| {
-            let data_type = match f.data_type() {
-                DataType::Utf8 | DataType::LargeUtf8 => DataType::Utf8View,
-                DataType::Binary | DataType::LargeBinary => DataType::BinaryView,
-                other => other.clone(),
-            };
-            Field::new(f.name(), data_type, f.is_nullable())
+    /// Checks a leaf against the catalog and returns the schema it produces.
+    fn resolver(&self) -> LeafResolver {
+        let warehouse = self.warehouse.clone();
+        Arc::new(move |leaf: &ScanLeaf| {
+            let snapshot = warehouse.table_version(&leaf.table, leaf.version).map_err(table_error)?;
+            select_segments(&snapshot, &leaf.segments)?;
+            let schema = scan_schema(&snapshot.schema);
+            let mut seen = HashSet::new();
+            let mut indices = Vec::with_capacity(leaf.projection.len());
+            for name in &leaf.projection {
+                let Ok(index) = schema.index_of(name) else {
+                    return plan_err!("table '{}' has no column '{name}'", leaf.table);
+                };
+                if !seen.insert(name) {
+                    return plan_err!("column '{name}' projected twice");
+                }
+                indices.push(index);
+            }
+            Ok(Arc::new(schema.project(&indices)?))
         })
-        .collect();
-    Arc::new(Schema::new(fields))
-}
+    }
 
-fn table_info(snapshot: &TableSnapshot) -> TableInfo {
-    let schema = scan_schema(&snapshot.schema);
-    let column_statistics = (0..schema.fields().len()).map(|i| column_statistics(&snapshot.manifest.segments, i, schema.field(i).data_type())).collect();
-    TableInfo {
-        column_statistics,
-        name: snapshot.manifest.table.clone(),
-        version: snapshot.manifest.version,
-        schema,
-        segments: snapshot
-            .manifest
-            .segments
+    /// Replaces the fragment's leaves by scans of this node's files and its joins by Grace hash
+    /// joins within the device memory.
+    fn bind<'a>(&'a self, plan: Arc<dyn ExecutionPlan>, stats: &'a mut ScanStats, spill: &'a mut Vec<Arc<GraceHashJoinExec>>) -> BoxFuture<'a, Result<Arc<dyn ExecutionPlan>>> {
+        async move {
+            if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
+                return self.bind_leaf(leaf, None, stats).await;
+            }
+            if let Some(filter) = plan.downcast_ref::<FilterExec>()
+                && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
+            {
+                let scan = self.bind_leaf(leaf, Some(filter.predicate()), stats).await?;
+                return Arc::clone(&plan).with_new_children(vec![scan]);
+            }
+            let mut children = Vec::new();
+            for child in plan.children() {
+                children.push(self.bind(Arc::clone(child), stats, spill).await?);
+            }
+            let plan = plan.with_new_children(children)?;
+            if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+                let budget = (self.profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY) / 2) as usize;
+                let dir = self.warehouse.root().join(SPILL_DIR);
+                std::fs::create_dir_all(&dir).map_err(|e| DataFusionError::Execution(format!("creating {}: {e}", dir.display())))?;
+                let grace = Arc::new(GraceHashJoinExec::try_from_hash_join(join, budget, dir)?);
+                spill.push(Arc::clone(&grace));
+                return Ok(grace);
+            }
+            Ok(plan)
+        }
+        .boxed()
+    }
+
+    /// A Parquet scan of the leaf's segments that survive the manifest's statistics under
+    /// `predicate` (the filter the fragment applies directly above the leaf).
+    async fn bind_leaf(&self, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
+        let request = leaf.leaf();
+        let snapshot = self.warehouse.table_version(&request.table, request.version).map_err(table_error)?;
+        let table_schema = scan_schema(&snapshot.schema);
+        let output = leaf.schema();
+        let segments = select_segments(&snapshot, &request.segments)?;
+        let requested = segments.len();
+        stats.segments_requested += requested as u64;
+        let kept: Vec<&SegmentMeta> = match predicate
+            .and_then(|p| PruningPredicateBuilder::new().with_file_schema(Arc::clone(&output)).build(Arc::clone(p)))
+        {
+            Some(pruning) => {
+                let keep = pruning.prune(&SegmentStatistics { segments: &segments, schema: &table_schema })?;
+                segments.iter().zip(keep).filter_map(|(s, keep)| keep.then_some(*s)).collect()
+            }
+            None => segments,
+        };
+        stats.segments_pruned += (requested - kept.len()) as u64;
+        stats.rows_scanned += kept.iter().map(|s| s.rows).sum::<u64>();
+        if kept.is_empty() {
+            return Ok(Arc::new(EmptyExec::new(output)));
+        }
+        for segment in &kept {
+            check_segment_file(&snapshot, segment)?;
+        }
+        self.parquet_scan(&snapshot, &kept, &table_schema, request).await
+    }
+
+    async fn parquet_scan(&self, snapshot: &TableSnapshot, segments: &[&SegmentMeta], schema: &SchemaRef, leaf: &ScanLeaf) -> Result<Arc<dyn ExecutionPlan>> {
+        let urls = segments
             .iter()
-            .map(|s| SegmentInfo { id: s.id.clone(), rows: s.rows, bytes: s.bytes })
-            .collect(),
+            .map(|s| {
+                let path = snapshot.segment_path(s);
+                let text = path.to_str().ok_or_else(|| DataFusionError::Execution(format!("non-UTF-8 path {}", path.display())))?;
+                ListingTableUrl::parse(text)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+        let config = ListingTableConfig::new_with_multi_paths(urls).with_listing_options(options).with_schema(Arc::clone(schema));
+        let table = ListingTable::try_new(config)?;
+        let indices: Vec<usize> = leaf.projection.iter().map(|c| schema.index_of(c)).collect::<std::result::Result<_, _>>()?;
+        table.scan(&self.state, Some(&indices), &[], leaf.limit).await
+    }
+
+    /// DataFusion's physical optimizer over the bound plan: among others it pushes the filter
+    /// into the Parquet scan.
+    fn optimize(&self, mut plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let config = self.state.config_options();
+        for rule in self.state.physical_optimizers() {
+            plan = rule.optimize(plan, config)?;
+        }
+        // The host merges partitions of a top-k as sorted runs: hand it one.
+        if let Some(sort) = plan.downcast_ref::<SortExec>()
+            && plan.output_partitioning().partition_count() > 1
+        {
+            let merge = SortPreservingMergeExec::new(sort.expr().clone(), Arc::clone(&plan)).with_fetch(sort.fetch());
+            plan = Arc::new(merge);
+        }
+        Ok(plan)
     }
 }
+
+/// The node's calibration file in its warehouse (written by `quarry calibrate`).
+pub const CALIBRATION_FILE: &str = ".calibration.json";
+/// Where Grace hash joins spill, under the warehouse.
+pub const SPILL_DIR: &str = ".spill";
 
 #[async_trait]
 impl StorageNode for LocalStorageNode {
@@ -121,250 +300,200 @@ impl StorageNode for LocalStorageNode {
         Ok(table_info(&self.warehouse.table(table).map_err(table_error)?))
     }
 
-    async fn scan(&self, request: ScanRequest) -> Result<ScanStream> {
+    async fn describe(&self) -> Result<NodeDescription> {
+        Ok(NodeDescription { name: self.name.clone(), profile: self.profile.clone(), calibration: self.calibration.clone() })
+    }
+
+    async fn execute(&self, fragment: Fragment) -> Result<ScanStream> {
         let started = Instant::now();
-        let snapshot = self.warehouse.table_version(&request.table, request.version).map_err(table_error)?;
-        let schema = scan_schema(&snapshot.schema);
-        let segments = select_segments(&snapshot, &request.segments)?;
-        let filters = unnormalize_cols(request.filters.clone());
-        validate_columns(&request, &filters, &schema)?;
-        let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
-        let predicate = conjunction(filters.clone()).map(|p| self.state.create_physical_expr(p, &df_schema)).transpose()?;
+        let counters = Arc::clone(&self.counters);
+        counters.fragments_queued.fetch_add(1, Ordering::Relaxed);
+        let admitted = Arc::clone(&self.sessions).acquire_owned().await;
+        counters.fragments_queued.fetch_sub(1, Ordering::Relaxed);
+        let session = admitted.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
+        let queued_ns = started.elapsed().as_nanos() as u64;
 
-        let mut stats = ScanStats { segments_requested: segments.len() as u64, ..Default::default() };
-        let kept: Vec<&SegmentMeta> = match &predicate {
-            Some(predicate) => {
-                // No pruning predicate means the filter cannot be checked against statistics.
-                match PruningPredicateBuilder::new().with_file_schema(Arc::clone(&schema)).build(Arc::clone(predicate)) {
-                    Some(pruning) => {
-                        let keep = pruning.prune(&SegmentStatistics { segments: &segments, schema: &schema })?;
-                        segments.iter().zip(keep).filter_map(|(s, keep)| keep.then_some(*s)).collect()
-                    }
-                    None => segments,
-                }
-            }
-            None => segments,
+        let ctx = self.state.task_ctx();
+        let decoded = decode_fragment(&fragment, &ctx, self.resolver()).inspect_err(|_| {
+            counters.fragments_rejected.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let passthrough = decoded.is::<ScanLeafExec>();
+        let mut stats = ScanStats { queued_ns, ..Default::default() };
+        let mut joins = Vec::new();
+        let bound = self.bind(decoded, &mut stats, &mut joins).await?;
+        let plan = self.optimize(bound)?;
+        counters.fragments_started.fetch_add(1, Ordering::Relaxed);
+        counters.rows_scanned.fetch_add(stats.rows_scanned, Ordering::Relaxed);
+
+        // Passthrough stands for a plain storage device, which spends no device compute.
+        let pacing = (!passthrough).then(|| Pacing { threads: Arc::clone(&self.device_threads), slowdown: self.profile.compute_slowdown });
+        let cpu = Arc::new(WorkerTimes::default());
+        let partitions = plan.output_partitioning().partition_count();
+        let (tx, rx) = mpsc::channel(2 * partitions.max(1));
+        let mut workers = JoinSet::new();
+        for partition in 0..partitions {
+            let stream = plan.execute(partition, Arc::clone(&ctx))?;
+            workers.spawn(drive_partition(stream, tx.clone(), pacing.clone(), Arc::clone(&cpu)));
+        }
+        drop(tx);
+        counters.fragments_active.fetch_add(1, Ordering::Relaxed);
+        let run = FragmentRun {
+            rx,
+            _workers: workers,
+            _session: session,
+            link: self.link.clone(),
+            plan,
+            joins,
+            stats,
+            cpu,
+            started,
+            counters,
+            finished: false,
         };
-        stats.segments_pruned = stats.segments_requested - kept.len() as u64;
-        stats.rows_scanned = kept.iter().map(|s| s.rows).sum();
-        if kept.is_empty() {
-            stats.elapsed_ns = started.elapsed().as_nanos() as u64;
-            return Ok(futures::stream::once(async move { Ok(ScanMessage::Finished(stats)) }).boxed());
-        }
-
-        for segment in &kept {
-            check_segment_file(&snapshot, segment)?;
-        }
-        let plan = self.plan_scan(&snapshot, &kept, &schema, &request, &filters).await?;
-        let batches = execute_stream(Arc::clone(&plan), self.state.task_ctx())?;
-        // The trailing `Finished` is a marker; the closure fills in the statistics it accumulated.
-        let stream = batches
-            .map(|batch| batch.map(ScanMessage::Batch))
-            .chain(futures::stream::once(async { Ok(ScanMessage::Finished(ScanStats::default())) }))
-            .map(move |item| match item {
-                Ok(ScanMessage::Batch(batch)) => {
-                    stats.rows_returned += batch.num_rows() as u64;
-                    stats.bytes_returned += batch_wire_bytes(&batch);
-                    Ok(ScanMessage::Batch(batch))
-                }
-                Ok(ScanMessage::Finished(_)) => {
-                    stats.bytes_read = bytes_scanned(plan.as_ref());
-                    stats.elapsed_ns = started.elapsed().as_nanos() as u64;
-                    Ok(ScanMessage::Finished(stats.clone()))
-                }
-                Err(e) => Err(e),
-            });
-        Ok(stream.boxed())
-    }
-}
-
-impl LocalStorageNode {
-    /// Parquet scan of `segments` with the request's filters, projection and limit applied.
-    async fn plan_scan(
-        &self,
-        snapshot: &TableSnapshot,
-        segments: &[&SegmentMeta],
-        schema: &SchemaRef,
-        request: &ScanRequest,
-        filters: &[Expr],
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let urls = segments
-            .iter()
-            .map(|s| {
-                let path = snapshot.segment_path(s);
-                ListingTableUrl::parse(path.to_str().ok_or_else(|| plan_datafusion_err!("non-UTF-8 path {}", path.display()))?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
-            .with_file_extension(".parquet");
-        let config = ListingTableConfig::new_with_multi_paths(urls).with_listing_options(options).with_schema(Arc::clone(schema));
-        let table = ListingTable::try_new(config)?;
-
-        // Read the projected columns plus those the filters need; drop the latter after filtering.
-        let index_of = |name: &str| schema.index_of(name).map_err(DataFusionError::from);
-        let mut read: Vec<usize> = request.projection.iter().map(|c| index_of(c)).collect::<Result<_>>()?;
-        for filter in filters {
-            for column in filter.column_refs() {
-                let index = index_of(&column.name)?;
-                if !read.contains(&index) {
-                    read.push(index);
-                }
-            }
-        }
-        let scan_limit = if filters.is_empty() { request.limit } else { None };
-        let mut plan = table.scan(&self.state, Some(&read), filters, scan_limit).await?;
-        let output: Vec<usize> = (0..request.projection.len()).collect();
-        if let Some(filter) = conjunction(filters.to_vec()) {
-            let read_schema = DFSchema::try_from(plan.schema().as_ref().clone())?;
-            let predicate = self.state.create_physical_expr(filter, &read_schema)?;
-            plan = Arc::new(FilterExecBuilder::new(predicate, plan).apply_projection(Some(output))?.build()?);
-        } else if read.len() != request.projection.len() {
-            let read_schema = plan.schema();
-            let columns: Vec<(Arc<dyn datafusion::physical_expr::PhysicalExpr>, String)> = output
-                .iter()
-                .map(|&i| {
-                    let name = read_schema.field(i).name();
-                    (Arc::new(datafusion::physical_plan::expressions::Column::new(name, i)) as _, name.clone())
-                })
-                .collect();
-            plan = Arc::new(ProjectionExec::try_new(columns, plan)?);
-        }
-        if let Some(limit) = request.limit {
-            plan = Arc::new(GlobalLimitExec::new(plan, 0, Some(limit)));
-        }
-        Ok(plan)
-    }
-}
-
-/// The requested segments of the snapshot, in request order; unknown ids are an error.
-fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Result<Vec<&'a SegmentMeta>> {
-    let by_id: HashMap<&str, &SegmentMeta> = snapshot.manifest.segments.iter().map(|s| (s.id.as_str(), s)).collect();
-    let mut seen = HashSet::new();
-    ids.iter()
-        .map(|id| {
-            if !seen.insert(id.as_str()) {
-                return plan_err!("segment '{id}' requested twice");
-            }
-            by_id.get(id.as_str()).copied().ok_or_else(|| {
-                plan_datafusion_err!("table '{}' version {} has no segment '{id}'", snapshot.manifest.table, snapshot.manifest.version)
-            })
+        Ok(futures::stream::unfold(run, |mut run| async move {
+            let item = run.next_message().await?;
+            Some((item, run))
         })
-        .collect()
+        .boxed())
+    }
 }
 
-/// Bounds and NULL count of column `index` over `segments`; a bound stays unknown unless every
-/// segment with values has one.
-fn column_statistics(segments: &[SegmentMeta], index: usize, data_type: &DataType) -> ColumnStatistics {
-    let parse = |text: &Option<String>| text.as_ref().and_then(|t| ScalarValue::try_from_string(t.clone(), data_type).ok());
-    let mut min: Option<ScalarValue> = None;
-    let mut max: Option<ScalarValue> = None;
-    let mut bounds_known = true;
-    let mut null_count = Some(0u64);
-    for segment in segments {
-        let Some(column) = segment.columns.get(index) else { return ColumnStatistics::new_unknown() };
-        null_count = null_count.zip(column.null_count).map(|(a, b)| a + b);
-        if column.null_count == Some(segment.rows) {
-            continue; // all NULL: no bounds to contribute
-        }
-        match (parse(&column.min), parse(&column.max)) {
-            (Some(lo), Some(hi)) => {
-                min = Some(match min { Some(m) if m <= lo => m, _ => lo });
-                max = Some(match max { Some(m) if m >= hi => m, _ => hi });
-            }
-            _ => bounds_known = false,
-        }
-    }
-    let mut statistics = ColumnStatistics::new_unknown();
-    if bounds_known {
-        statistics.min_value = min.map_or(Precision::Absent, Precision::Inexact);
-        statistics.max_value = max.map_or(Precision::Absent, Precision::Inexact);
-    }
-    statistics.null_count = null_count.map_or(Precision::Absent, |n| Precision::Exact(n as usize));
-    statistics
+/// Device limits a worker runs under.
+#[derive(Clone)]
+struct Pacing {
+    threads: Arc<Semaphore>,
+    slowdown: f64,
 }
 
-/// A segment the manifest names must exist with the size recorded at commit; anything else is
-/// damage to report, never a table that silently lost rows.
-fn check_segment_file(snapshot: &TableSnapshot, segment: &SegmentMeta) -> Result<()> {
-    let path = snapshot.segment_path(segment);
-    let reason = match std::fs::metadata(&path) {
-        Ok(meta) if meta.len() == segment.bytes => return Ok(()),
-        Ok(meta) => format!("{} bytes on disk, the manifest says {}", meta.len(), segment.bytes),
-        Err(e) => e.to_string(),
-    };
-    Err(DataFusionError::External(Box::new(TableError::CorruptSegment { path, reason })))
+#[derive(Default)]
+struct WorkerTimes {
+    cpu_ns: AtomicU64,
+    pause_ns: AtomicU64,
 }
 
-/// Every column the request names must exist: a request is never trusted.
-fn validate_columns(request: &ScanRequest, filters: &[Expr], schema: &Schema) -> Result<()> {
-    let mut seen = HashSet::new();
-    for name in &request.projection {
-        if schema.index_of(name).is_err() {
-            return plan_err!("table '{}' has no column '{name}'", request.table);
-        }
-        if !seen.insert(name) {
-            return plan_err!("column '{name}' projected twice");
-        }
-    }
-    for filter in filters {
-        for column in filter.column_refs() {
-            if schema.index_of(&column.name).is_err() {
-                return plan_err!("table '{}' has no column '{}'", request.table, column.name);
+/// Drives one output partition, sending its batches to the fragment's stream. Under a device
+/// profile each step holds one of the device's threads and, after it, pauses for the time the
+/// slower device CPU would have needed beyond ours.
+async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>) {
+    loop {
+        let permit = match &pacing {
+            Some(p) => match Arc::clone(&p.threads).acquire_owned().await {
+                Ok(permit) => Some(permit),
+                Err(_) => return,
+            },
+            None => None,
+        };
+        let (item, cpu_ns) = CpuTimed { inner: stream.next(), cpu_ns: 0 }.await;
+        times.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+        if let Some(p) = &pacing {
+            let pause = Duration::from_nanos((cpu_ns as f64 * (p.slowdown - 1.0)) as u64);
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+                times.pause_ns.fetch_add(pause.as_nanos() as u64, Ordering::Relaxed);
             }
         }
+        drop::<Option<OwnedSemaphorePermit>>(permit);
+        let Some(item) = item else { return };
+        let failed = item.is_err();
+        if tx.send(item).await.is_err() || failed {
+            return;
+        }
     }
-    Ok(())
 }
 
-/// Bytes the plan's Parquet scans read from files.
-fn bytes_scanned(plan: &dyn ExecutionPlan) -> u64 {
-    let own = plan.metrics().and_then(|m| m.sum_by_name("bytes_scanned")).map(|v| v.as_usize() as u64).unwrap_or(0);
-    own + plan.children().iter().map(|c| bytes_scanned(c.as_ref())).sum::<u64>()
+/// A future that measures the CPU time of its polls on the threads that ran them.
+struct CpuTimed<F> {
+    inner: F,
+    cpu_ns: u64,
 }
 
-/// Manifest statistics of segments, in the form DataFusion's pruning predicate evaluates.
-struct SegmentStatistics<'a> {
-    segments: &'a [&'a SegmentMeta],
-    schema: &'a SchemaRef,
+impl<F: Future + Unpin> Future for CpuTimed<F> {
+    type Output = (F::Output, u64);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let before = thread_cpu_ns();
+        let polled = Pin::new(&mut self.inner).poll(cx);
+        self.cpu_ns += thread_cpu_ns().saturating_sub(before);
+        polled.map(|output| (output, self.cpu_ns))
+    }
 }
 
-impl SegmentStatistics<'_> {
-    fn bound(&self, column: &Column, max: bool) -> Option<ArrayRef> {
-        let index = self.schema.index_of(&column.name).ok()?;
-        let data_type = self.schema.field(index).data_type();
-        let values = self.segments.iter().map(|s| {
-            let text = s.columns.get(index).and_then(|c| if max { c.max.clone() } else { c.min.clone() });
-            // An unparsable bound is treated as unknown, which never prunes.
-            text.and_then(|t| ScalarValue::try_from_string(t, data_type).ok())
-                .unwrap_or_else(|| ScalarValue::try_new_null(data_type).expect("null of column type"))
+/// A running fragment: its workers, its admission grant and its accounting. Dropping it aborts
+/// the workers and returns the grant.
+struct FragmentRun {
+    rx: mpsc::Receiver<Result<RecordBatch>>,
+    _workers: JoinSet<()>,
+    _session: OwnedSemaphorePermit,
+    link: Option<Arc<BandwidthLimiter>>,
+    plan: Arc<dyn ExecutionPlan>,
+    joins: Vec<Arc<GraceHashJoinExec>>,
+    stats: ScanStats,
+    cpu: Arc<WorkerTimes>,
+    started: Instant,
+    counters: Arc<NodeCounters>,
+    finished: bool,
+}
+
+impl FragmentRun {
+    async fn next_message(&mut self) -> Option<Result<ScanMessage>> {
+        if self.finished {
+            return None;
+        }
+        match self.rx.recv().await {
+            Some(Ok(batch)) => {
+                let bytes = batch_wire_bytes(&batch);
+                if let Some(link) = &self.link {
+                    self.stats.link_wait_ns += link.consume(bytes).await.as_nanos() as u64;
+                }
+                self.stats.rows_returned += batch.num_rows() as u64;
+                self.stats.bytes_returned += bytes;
+                Some(Ok(ScanMessage::Batch(batch)))
+            }
+            Some(Err(e)) => {
+                self.finished = true;
+                Some(Err(e))
+            }
+            None => {
+                self.finished = true;
+                Some(Ok(ScanMessage::Finished(self.final_stats())))
+            }
+        }
+    }
+
+    fn final_stats(&mut self) -> ScanStats {
+        let mut stats = std::mem::take(&mut self.stats);
+        stats.bytes_read = bytes_scanned(self.plan.as_ref());
+        stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
+        stats.device_cpu_ns = self.cpu.cpu_ns.load(Ordering::Relaxed);
+        stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);
+        stats.spilled_bytes = self.joins.iter().map(|j| j.spilled_bytes() as u64).sum();
+        operator_stats(self.plan.as_ref(), &mut stats.operators);
+        let c = &self.counters;
+        c.rows_returned.fetch_add(stats.rows_returned, Ordering::Relaxed);
+        c.bytes_returned.fetch_add(stats.bytes_returned, Ordering::Relaxed);
+        c.device_cpu_ns.fetch_add(stats.device_cpu_ns, Ordering::Relaxed);
+        c.device_pause_ns.fetch_add(stats.device_pause_ns, Ordering::Relaxed);
+        c.spilled_bytes.fetch_add(stats.spilled_bytes, Ordering::Relaxed);
+        stats
+    }
+}
+
+impl Drop for FragmentRun {
+    fn drop(&mut self) {
+        self.counters.fragments_active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Rows out and time of each operator of the node's plan, top first.
+fn operator_stats(plan: &dyn ExecutionPlan, out: &mut Vec<NodeOperatorStats>) {
+    if let Some(metrics) = plan.metrics() {
+        out.push(NodeOperatorStats {
+            name: plan.name().to_string(),
+            rows_out: metrics.output_rows().unwrap_or(0) as u64,
+            elapsed_ns: metrics.elapsed_compute().unwrap_or(0) as u64,
         });
-        ScalarValue::iter_to_array(values).ok()
     }
-}
-
-impl PruningStatistics for SegmentStatistics<'_> {
-    fn min_values(&self, column: &Column) -> Option<ArrayRef> {
-        self.bound(column, false)
-    }
-
-    fn max_values(&self, column: &Column) -> Option<ArrayRef> {
-        self.bound(column, true)
-    }
-
-    fn num_containers(&self) -> usize {
-        self.segments.len()
-    }
-
-    fn null_counts(&self, column: &Column) -> Option<ArrayRef> {
-        let index = self.schema.index_of(&column.name).ok()?;
-        Some(Arc::new(UInt64Array::from_iter(self.segments.iter().map(|s| s.columns.get(index).and_then(|c| c.null_count)))))
-    }
-
-    fn row_counts(&self) -> Option<ArrayRef> {
-        Some(Arc::new(UInt64Array::from_iter_values(self.segments.iter().map(|s| s.rows))))
-    }
-
-    fn contained(&self, _column: &Column, _values: &HashSet<ScalarValue>) -> Option<BooleanArray> {
-        None
+    for child in plan.children() {
+        operator_stats(child.as_ref(), out);
     }
 }

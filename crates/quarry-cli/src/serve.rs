@@ -1,0 +1,74 @@
+//! `quarry serve`: a storage node serving the warehouse over Arrow Flight, within a device
+//! profile.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use clap::Args;
+use quarry_flight::{ServeOptions, read_token_file, serve};
+use quarry_storage::{DeviceProfile, LocalStorageNode, parse_size};
+use quarry_table::Warehouse;
+
+use crate::target::Target;
+use crate::{CliResult, with_runtime};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Internal read bandwidth, MB/s (overrides the profile).
+    #[arg(long)]
+    read_mbps: Option<f64>,
+    /// Link bandwidth to the host, MB/s (overrides the profile; 125 = 1 Gbit/s).
+    #[arg(long)]
+    link_mbps: Option<f64>,
+    /// Device worker threads (overrides the profile).
+    #[arg(long)]
+    device_threads: Option<usize>,
+    /// Device memory, e.g. 512MB (overrides the profile).
+    #[arg(long)]
+    device_memory: Option<String>,
+    /// Device CPU slowdown factor, at least 1 (overrides the profile).
+    #[arg(long)]
+    compute_slowdown: Option<f64>,
+    /// Fragments admitted at once (overrides the profile).
+    #[arg(long)]
+    max_sessions: Option<usize>,
+}
+
+pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
+    let mut profile = match &target.profile {
+        Some(name) => DeviceProfile::load(name)?,
+        None => DeviceProfile::load("native")?,
+    };
+    profile.read_mbps = args.read_mbps.or(profile.read_mbps);
+    profile.link_mbps = args.link_mbps.or(profile.link_mbps);
+    profile.device_threads = args.device_threads.or(profile.device_threads);
+    profile.device_memory = args.device_memory.as_deref().map(parse_size).transpose()?.or(profile.device_memory);
+    profile.compute_slowdown = args.compute_slowdown.unwrap_or(profile.compute_slowdown);
+    profile.max_sessions = args.max_sessions.or(profile.max_sessions);
+    profile.validate()?;
+    let token = target.token_file.as_deref().map(read_token_file).transpose()?;
+    let warehouse_dir: &Path = &target.warehouse;
+    let warehouse = Warehouse::open(warehouse_dir).map_err(|e| e.to_string())?;
+    let profile_name = profile.name.clone();
+    with_runtime(threads, async move {
+        let node = LocalStorageNode::with_profile(warehouse, profile).map_err(|e| quarry_engine::user_message(&e))?;
+        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen };
+        let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)));
+        serve(node, options, |address, metrics| {
+            // The first line on stdout is the address, for scripts that asked for port 0.
+            println!("grpc://{address}");
+            eprintln!("quarry: storage node for {} on grpc://{address}, profile {profile_name}", warehouse_dir.display());
+            if let Some(metrics) = metrics {
+                eprintln!("quarry: metrics on http://{metrics}/metrics");
+            }
+        })
+        .await
+    })
+}

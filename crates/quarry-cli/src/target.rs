@@ -1,0 +1,96 @@
+//! What a command works on: the embedded node over the warehouse directory, or remote storage
+//! nodes (`--nodes`), and how queries use them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, user_message};
+use quarry_flight::{RemoteStorageNode, read_token_file, upload_table};
+use quarry_storage::{DeviceProfile, LocalStorageNode, StorageNode};
+use quarry_table::Warehouse;
+
+use crate::CliResult;
+
+/// The storage a command talks to.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The warehouse directory (embedded mode, and staging for `--nodes` loads).
+    pub warehouse: PathBuf,
+    /// Remote storage nodes; empty means embedded.
+    pub nodes: Vec<String>,
+    /// Token file for the nodes.
+    pub token_file: Option<PathBuf>,
+    /// Pushdown choice.
+    pub pushdown: PushdownMode,
+    /// Device profile of the embedded node.
+    pub profile: Option<String>,
+    /// Host threads.
+    pub threads: usize,
+}
+
+impl Target {
+    /// Whether commands go to remote nodes.
+    pub fn is_remote(&self) -> bool {
+        !self.nodes.is_empty()
+    }
+
+    /// Connects to the remote nodes.
+    pub async fn remote_nodes(&self) -> CliResult<Vec<RemoteStorageNode>> {
+        let token = self.token_file.as_deref().map(read_token_file).transpose()?;
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        for url in &self.nodes {
+            nodes.push(RemoteStorageNode::connect(url.trim(), token.as_deref()).await?);
+        }
+        Ok(nodes)
+    }
+
+    /// The storage nodes queries run over: the remote ones, or an in-process node over the
+    /// warehouse (under `--profile`, if given).
+    pub async fn storage_nodes(&self) -> CliResult<Vec<Arc<dyn StorageNode>>> {
+        if self.is_remote() {
+            return Ok(self.remote_nodes().await?.into_iter().map(|n| Arc::new(n) as Arc<dyn StorageNode>).collect());
+        }
+        let warehouse = Warehouse::open(&self.warehouse).map_err(|e| e.to_string())?;
+        let node = match &self.profile {
+            Some(name) => LocalStorageNode::with_profile(warehouse, DeviceProfile::load(name)?).map_err(|e| user_message(&e))?,
+            None => LocalStorageNode::new(warehouse),
+        };
+        Ok(vec![Arc::new(node)])
+    }
+
+    /// Runs `write` (which writes tables into the warehouse directory it is given). With
+    /// `--nodes`, it writes into a local staging warehouse whose tables are then spread over the
+    /// nodes segment by segment.
+    pub fn write_tables(&self, threads: usize, append: bool, write: impl FnOnce(&Path) -> CliResult) -> CliResult {
+        if !self.is_remote() {
+            return write(&self.warehouse);
+        }
+        let staging = std::env::temp_dir().join(format!("quarry-staging-{}", std::process::id()));
+        let _cleanup = RemoveOnDrop(staging.clone());
+        write(&staging)?;
+        let warehouse = Warehouse::open(&staging).map_err(|e| e.to_string())?;
+        crate::with_runtime(threads, async {
+            let nodes = self.remote_nodes().await?;
+            let mut sent = 0;
+            for table in warehouse.table_names().map_err(|e| e.to_string())? {
+                sent += upload_table(&warehouse, &table, &nodes, append, sent).await?;
+                eprintln!("{table}: sent to {} storage node(s)", nodes.len());
+            }
+            Ok(())
+        })
+    }
+
+    /// A SQL session over the target's nodes.
+    pub async fn session(&self) -> CliResult<QuarrySession> {
+        let nodes = self.storage_nodes().await?;
+        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown }).await.map_err(|e| user_message(&e))
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

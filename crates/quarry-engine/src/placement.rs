@@ -1,0 +1,361 @@
+//! Placement: which operators run on the storage node and which on the host.
+//!
+//! [`PlacementRule`] is the first physical optimizer rule. Walking the plan bottom-up, it looks at
+//! each operator directly above a [`FragmentExec`] that a node can run (a filter, a projection, a
+//! partial aggregation, a top-k sort, a join of two tables on one node) and either pushes it
+//! into the fragment or leaves it on the host. Under `--pushdown auto` it compares predicted
+//! times from a cost model fed by each node's device profile (internal read bandwidth, link
+//! bandwidth, threads, compute slowdown), this machine's calibrated operator costs and
+//! DataFusion's selectivity estimates (from the manifest's column statistics). A node's time is
+//! that of its slowest stage (read, compute, link), since they overlap; pushdown pays off when
+//! it cuts the link's bytes more than it adds device compute (the Smart SSD paper's 100%
+//! selectivity selection ran 43% slower on the device: a case this model leaves on the host).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Schema};
+use datafusion::common::JoinType;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::error::Result;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::ExecutionPlan;
+use quarry_storage::{Calibration, NodeDescription, ScanLeafExec, encode_fragment};
+
+use crate::scan::{FragmentExec, FragmentPartition, leaves};
+
+/// Whether operators are pushed to storage nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PushdownMode {
+    /// By the cost model.
+    #[default]
+    Auto,
+    /// Whenever the node can run the operator.
+    On,
+    /// Never: nodes return projected columns unfiltered (passthrough).
+    Off,
+}
+
+impl std::str::FromStr for PushdownMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(PushdownMode::Auto),
+            "on" => Ok(PushdownMode::On),
+            "off" => Ok(PushdownMode::Off),
+            other => Err(format!("--pushdown takes auto, on or off, not '{other}'")),
+        }
+    }
+}
+
+/// The prediction behind one placement decision, shown by `EXPLAIN`.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The operator decided on.
+    pub operator: String,
+    /// Whether it was pushed down.
+    pub pushed: bool,
+    /// Why: "cost" or "forced".
+    pub reason: &'static str,
+    /// Predicted with the operator on the node.
+    pub on_node: Prediction,
+    /// Predicted with the operator on the host.
+    pub on_host: Prediction,
+}
+
+/// Predicted link bytes and time of a fragment plus the host work above it.
+#[derive(Debug, Clone, Copy)]
+pub struct Prediction {
+    /// Bytes over the link.
+    pub link_bytes: f64,
+    /// Seconds.
+    pub seconds: f64,
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let side = if self.pushed { "storage" } else { "host" };
+        write!(
+            f,
+            "placement: {} on {side} ({}), predicted on storage {:.2} MB over link / {:.1} ms, on host {:.2} MB / {:.1} ms",
+            self.operator,
+            self.reason,
+            self.on_node.link_bytes / 1e6,
+            self.on_node.seconds * 1e3,
+            self.on_host.link_bytes / 1e6,
+            self.on_host.seconds * 1e3
+        )
+    }
+}
+
+/// The placement rule (see the module docs).
+#[derive(Debug)]
+pub struct PlacementRule {
+    mode: PushdownMode,
+    nodes: HashMap<String, NodeDescription>,
+    host: Calibration,
+    host_threads: usize,
+}
+
+impl PlacementRule {
+    /// A rule deciding by `mode`, knowing the `nodes`, with the host's own rates and threads.
+    pub fn new(mode: PushdownMode, nodes: Vec<NodeDescription>, host: Calibration, host_threads: usize) -> Self {
+        let nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
+        PlacementRule { mode, nodes, host, host_threads: host_threads.max(1) }
+    }
+
+    fn visit(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        if self.mode == PushdownMode::Off {
+            return Ok(Transformed::no(plan));
+        }
+        if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+            return self.visit_join(&plan, join);
+        }
+        let [child] = plan.children()[..] else { return Ok(Transformed::no(plan)) };
+        let Some(fragment) = child.downcast_ref::<FragmentExec>() else { return Ok(Transformed::no(plan)) };
+        let single = fragment.partitions().len() == 1;
+        let pushable = if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+            *aggregate.mode() == AggregateMode::Partial
+        } else if let Some(sort) = plan.downcast_ref::<SortExec>() {
+            sort.fetch().is_some()
+        } else {
+            plan.is::<FilterExec>() || plan.is::<ProjectionExec>()
+        };
+        if !pushable {
+            return Ok(Transformed::no(plan));
+        }
+        // A top-k over several partitions: each partition's top k on its node, merged on the host.
+        if let Some(sort) = plan.downcast_ref::<SortExec>()
+            && !single
+            && !sort.preserve_partitioning()
+        {
+            let per_partition: Arc<dyn ExecutionPlan> = Arc::new(sort.clone().with_preserve_partitioning(true));
+            let Some(pushed) = self.try_push(&per_partition, fragment)? else { return Ok(Transformed::no(plan)) };
+            let merge = SortPreservingMergeExec::new(sort.expr().clone(), pushed).with_fetch(sort.fetch());
+            return Ok(Transformed::yes(Arc::new(merge)));
+        }
+        Ok(match self.try_push(&plan, fragment)? {
+            Some(pushed) => Transformed::yes(pushed),
+            None => Transformed::no(plan),
+        })
+    }
+
+    /// `plan` (one operator over `fragment`) moved into the fragment, if it should be.
+    fn try_push(&self, plan: &Arc<dyn ExecutionPlan>, fragment: &FragmentExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let root = Arc::clone(plan).with_new_children(vec![Arc::clone(fragment.root())])?;
+        // Only what the wire format can carry is pushed (e.g. not a subquery expression).
+        if encode_fragment(Arc::clone(&root)).is_err() {
+            return Ok(None);
+        }
+        let placement = self.decide(plan.name(), &root, fragment.root(), fragment.partitions(), plan);
+        if !placement.pushed {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(fragment.with_root(root, Some(placement))?)))
+    }
+
+    /// A join of two fragments on the same single node runs there (a Grace hash join within the
+    /// device memory) when the cost model or `--pushdown on` says so.
+    fn visit_join(&self, plan: &Arc<dyn ExecutionPlan>, join: &HashJoinExec) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+        let (Some(left), Some(right)) = (join.left().downcast_ref::<FragmentExec>(), join.right().downcast_ref::<FragmentExec>()) else {
+            return Ok(Transformed::no(Arc::clone(plan)));
+        };
+        if !matches!(join.join_type(), JoinType::Inner | JoinType::LeftSemi | JoinType::RightSemi) {
+            return Ok(Transformed::no(Arc::clone(plan)));
+        }
+        let Some(partition) = merge_on_one_node(&[left.partitions(), right.partitions()]) else {
+            return Ok(Transformed::no(Arc::clone(plan)));
+        };
+        let root = Arc::clone(plan).with_new_children(vec![Arc::clone(left.root()), Arc::clone(right.root())])?;
+        if encode_fragment(Arc::clone(&root)).is_err() {
+            return Ok(Transformed::no(Arc::clone(plan)));
+        }
+        let partitions = vec![partition];
+        let placement = self.decide_join(&root, left, right, &partitions);
+        if !placement.pushed {
+            return Ok(Transformed::no(Arc::clone(plan)));
+        }
+        let fragment = FragmentExec::try_new(root, partitions)?;
+        Ok(Transformed::yes(Arc::new(fragment.with_root(Arc::clone(fragment.root()), Some(placement))?)))
+    }
+
+    fn decide(&self, operator: &str, pushed: &Arc<dyn ExecutionPlan>, below: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition], op: &Arc<dyn ExecutionPlan>) -> Placement {
+        let on_node = self.fragment_cost(pushed, partitions);
+        let base = self.fragment_cost(below, partitions);
+        let host_ns = rows(below) * op_ns_per_row(op.as_ref(), &self.host);
+        let on_host = Prediction { link_bytes: base.link_bytes, seconds: base.seconds + host_ns / 1e9 / self.host_threads as f64 };
+        self.placement(operator.to_string(), on_node, on_host)
+    }
+
+    fn decide_join(&self, root: &Arc<dyn ExecutionPlan>, left: &FragmentExec, right: &FragmentExec, partitions: &[FragmentPartition]) -> Placement {
+        let on_node = self.fragment_cost(root, partitions);
+        let (l, r) = (self.fragment_cost(left.root(), left.partitions()), self.fragment_cost(right.root(), right.partitions()));
+        let host_ns = (rows(left.root()) + rows(right.root())) * self.host.join_ns_per_row;
+        let on_host = Prediction { link_bytes: l.link_bytes + r.link_bytes, seconds: l.seconds.max(r.seconds) + host_ns / 1e9 / self.host_threads as f64 };
+        self.placement("HashJoinExec".into(), on_node, on_host)
+    }
+
+    fn placement(&self, operator: String, on_node: Prediction, on_host: Prediction) -> Placement {
+        let (pushed, reason) = match self.mode {
+            PushdownMode::On => (true, "forced by --pushdown on"),
+            PushdownMode::Off => (false, "forced by --pushdown off"),
+            PushdownMode::Auto => (on_node.seconds <= on_host.seconds, "cost"),
+        };
+        Placement { operator, pushed, reason, on_node, on_host }
+    }
+
+    /// Predicted time of running `root` on the partitions' nodes: per node, the slowest of
+    /// reading, computing and sending its share; nodes run in parallel.
+    fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
+        let passthrough = root.is::<ScanLeafExec>();
+        let mut read_bytes = 0.0;
+        let mut decode_ns = 0.0;
+        for leaf in leaves(root) {
+            let stats = leaf.partition_statistics(None).ok();
+            let leaf_rows = stats.as_ref().and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64;
+            read_bytes += stats.as_ref().and_then(|s| s.total_byte_size.get_value().copied()).unwrap_or(0) as f64;
+            decode_ns += leaf_rows * row_width(&leaf.schema()) * self.host.decode_ns_per_byte;
+        }
+        // Late materialization: with a filter on the leaf, the other columns are decoded only
+        // for the rows that pass.
+        decode_ns *= late_materialization_share(root);
+        let mut op_ns = 0.0;
+        root.apply(|plan| {
+            if let [child] = plan.children()[..] {
+                op_ns += rows(child) * op_ns_per_row(plan.as_ref(), &self.host);
+            } else if plan.children().len() == 2 {
+                op_ns += plan.children().iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .expect("visiting a plan cannot fail");
+        let link_bytes = rows(root) * row_width(&root.schema());
+        // Aggregates return at least one row per partition.
+        let link_bytes = link_bytes.max(partitions.len() as f64 * row_width(&root.schema()));
+
+        let mut node_names: Vec<&str> = partitions.iter().map(|p| p.node.name()).collect();
+        node_names.sort();
+        node_names.dedup();
+        let share = 1.0 / node_names.len().max(1) as f64;
+        let seconds = node_names
+            .iter()
+            .map(|name| {
+                let profile = self.nodes.get(*name).map(|d| &d.profile);
+                let threads = profile.map_or(self.host_threads, |p| p.threads()) as f64;
+                let slowdown = if passthrough { 1.0 } else { profile.map_or(1.0, |p| p.compute_slowdown) };
+                let compute = (decode_ns + op_ns) * share * slowdown / threads / 1e9;
+                let read = profile.and_then(|p| p.read_mbps).map_or(0.0, |mbps| read_bytes * share / (mbps * 1e6));
+                let link = profile.and_then(|p| p.link_mbps).map_or(0.0, |mbps| link_bytes * share / (mbps * 1e6));
+                let transfer = link_bytes * share * self.host.transfer_ns_per_byte / 1e9;
+                compute.max(read).max(link) + transfer
+            })
+            .fold(0.0, f64::max);
+        Prediction { link_bytes, seconds }
+    }
+}
+
+impl PhysicalOptimizerRule for PlacementRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(plan.transform_up(|node| self.visit(node))?.data)
+    }
+
+    fn name(&self) -> &str {
+        "quarry_placement"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// All partitions of the given fragments on one node, as one partition with every leaf's
+/// segments; `None` if they span nodes (a join runs in storage only where both inputs are).
+fn merge_on_one_node(fragments: &[&[FragmentPartition]]) -> Option<FragmentPartition> {
+    let first = fragments.first()?.first()?;
+    let mut leaves = Vec::new();
+    for partitions in fragments {
+        let count = partitions.first()?.leaves.len();
+        for leaf in 0..count {
+            let mut version = None;
+            let mut segments = Vec::new();
+            for p in partitions.iter() {
+                if p.node.name() != first.node.name() || version.is_some_and(|v| v != p.leaves[leaf].0) {
+                    return None;
+                }
+                version = Some(p.leaves[leaf].0);
+                segments.extend(p.leaves[leaf].1.iter().cloned());
+            }
+            leaves.push((version?, segments));
+        }
+    }
+    Some(FragmentPartition { node: Arc::clone(&first.node), leaves })
+}
+
+/// DataFusion's estimate of the rows a plan produces (0 when unknown).
+fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
+    plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
+}
+
+/// The share of the leaf's decode work done when a filter sits directly on it: the filter's
+/// columns in full, the rest for the selected rows only.
+fn late_materialization_share(root: &Arc<dyn ExecutionPlan>) -> f64 {
+    let mut share = 1.0;
+    root.apply(|plan| {
+        if let Some(filter) = plan.downcast_ref::<FilterExec>()
+            && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
+        {
+            let total = leaf.schema().fields().len().max(1) as f64;
+            let mut used = std::collections::HashSet::new();
+            let _ = filter.predicate().apply(|e| {
+                if let Some(c) = e.downcast_ref::<datafusion::physical_plan::expressions::Column>() {
+                    used.insert(c.index());
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+            let selectivity = if rows(filter.input()) > 0.0 { (rows(plan) / rows(filter.input())).min(1.0) } else { 1.0 };
+            let filter_share = used.len() as f64 / total;
+            share = filter_share + (1.0 - filter_share) * selectivity;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("visiting a plan cannot fail");
+    share
+}
+
+/// CPU cost per input row of an operator, from the calibration.
+fn op_ns_per_row(plan: &dyn ExecutionPlan, rates: &Calibration) -> f64 {
+    if plan.is::<FilterExec>() {
+        rates.filter_ns_per_row
+    } else if plan.is::<AggregateExec>() {
+        rates.aggregate_ns_per_row
+    } else if plan.is::<SortExec>() {
+        2.0 * rates.filter_ns_per_row
+    } else if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+        0.5 * rates.filter_ns_per_row * projection.expr().len() as f64
+    } else {
+        0.0
+    }
+}
+
+/// Bytes per row of a schema in Arrow (strings counted at a typical 24 bytes).
+pub fn row_width(schema: &Schema) -> f64 {
+    schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Binary | DataType::BinaryView | DataType::LargeBinary => 24.0,
+            DataType::Boolean => 0.125,
+            other => other.primitive_width().unwrap_or(8) as f64,
+        })
+        .sum::<f64>()
+        .max(1.0)
+}

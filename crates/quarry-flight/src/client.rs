@@ -1,0 +1,169 @@
+//! The host's side of a remote storage node: [`StorageNode`] over Arrow Flight.
+//!
+//! Connections use HTTP/2 keep-alives (every second, two seconds to answer), so a node that
+//! dies or hangs mid-query turns into an error naming it within a few seconds, never a hang.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
+use async_trait::async_trait;
+use bytes::Bytes;
+use datafusion::error::{DataFusionError, Result};
+use futures::{StreamExt, TryStreamExt};
+use quarry_storage::{Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, StorageNode, TableInfo};
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::auth::TokenAttach;
+use crate::wire::{TableInfoWire, action};
+
+type Client = FlightServiceClient<InterceptedService<Channel, TokenAttach>>;
+
+/// A storage node reached over Flight.
+#[derive(Debug, Clone)]
+pub struct RemoteStorageNode {
+    url: String,
+    client: ClientHandle,
+}
+
+#[derive(Clone)]
+struct ClientHandle(Client);
+
+impl std::fmt::Debug for ClientHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlightClient")
+    }
+}
+
+impl RemoteStorageNode {
+    /// Connects to `url` (`grpc://host:port`), sending `token` with every call.
+    pub async fn connect(url: &str, token: Option<&str>) -> Result<Self, String> {
+        let address = url
+            .strip_prefix("grpc://")
+            .ok_or_else(|| format!("storage node address '{url}' must look like grpc://HOST:PORT"))?;
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| format!("storage node address '{url}': {e}"))?
+            .connect_timeout(Duration::from_secs(3))
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true)
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|e| format!("cannot reach storage node {url}: {}", source_text(&e)))?;
+        let client = FlightServiceClient::with_interceptor(channel, TokenAttach::new(token)?)
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20);
+        let node = RemoteStorageNode { url: url.to_string(), client: ClientHandle(client) };
+        // Fail now, with a clear message, if the node refuses us (e.g. a wrong token).
+        node.list_tables().await.map_err(|e| e.to_string())?;
+        Ok(node)
+    }
+
+    fn error(&self, status: tonic::Status) -> DataFusionError {
+        let message = status.message();
+        let message = if message.is_empty() { status.code().description() } else { message };
+        DataFusionError::Execution(format!("storage node {}: {message}", self.url))
+    }
+
+    /// Runs an action and returns its one result's body.
+    pub async fn action(&self, name: &str, body: Vec<u8>) -> Result<Bytes> {
+        let request = Action { r#type: name.into(), body: body.into() };
+        let mut client = self.client.0.clone();
+        let mut results = client.do_action(request).await.map_err(|s| self.error(s))?.into_inner();
+        let first = results.message().await.map_err(|s| self.error(s))?;
+        first.map(|r| r.body).ok_or_else(|| DataFusionError::Execution(format!("storage node {}: empty answer to {name}", self.url)))
+    }
+
+    async fn action_json<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
+        let body = serde_json::to_vec(body).expect("request serializes");
+        let answer = self.action(name, body).await?;
+        serde_json::from_slice(&answer).map_err(|e| DataFusionError::Execution(format!("storage node {}: malformed answer to {name}: {e}", self.url)))
+    }
+
+    /// Sends one segment of a write in progress.
+    pub async fn put_segment(&self, descriptor: Vec<u8>, data: impl futures::Stream<Item = FlightData> + Send + 'static) -> Result<()> {
+        let mut client = self.client.0.clone();
+        let mut first = true;
+        let data = data.map(move |mut message| {
+            if std::mem::take(&mut first) {
+                message.flight_descriptor = Some(FlightDescriptor::new_cmd(descriptor.clone()));
+            }
+            message
+        });
+        let mut response = client.do_put(data).await.map_err(|s| self.error(s))?.into_inner();
+        while response.message().await.map_err(|s| self.error(s))?.is_some() {}
+        Ok(())
+    }
+
+    /// Calls an action whose answer is JSON.
+    pub async fn call<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
+        self.action_json(name, body).await
+    }
+}
+
+fn source_text(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[async_trait]
+impl StorageNode for RemoteStorageNode {
+    fn name(&self) -> &str {
+        &self.url
+    }
+
+    async fn list_tables(&self) -> Result<Vec<String>> {
+        self.action_json(action::LIST_TABLES, &()).await
+    }
+
+    async fn table_info(&self, table: &str) -> Result<TableInfo> {
+        let wire: TableInfoWire = self.action_json(action::TABLE_INFO, &table).await?;
+        wire.into_info(&self.url)
+    }
+
+    async fn describe(&self) -> Result<NodeDescription> {
+        self.action_json(action::DESCRIBE, &()).await
+    }
+
+    async fn execute(&self, fragment: Fragment) -> Result<ScanStream> {
+        let mut client = self.client.0.clone();
+        let response = client.do_get(Ticket { ticket: fragment.plan }).await.map_err(|s| self.error(s))?;
+        let node = self.clone();
+        // The closing message carries only the statistics; take it out before decoding.
+        let stats: Arc<Mutex<Option<Result<ScanStats>>>> = Arc::default();
+        let slot = Arc::clone(&stats);
+        let url = self.url.clone();
+        let data = response.into_inner().map_err(FlightError::from).try_filter_map(move |message| {
+            let slot = Arc::clone(&slot);
+            let url = url.clone();
+            async move {
+                if message.data_header.is_empty() && !message.app_metadata.is_empty() {
+                    let parsed = serde_json::from_slice::<ScanStats>(&message.app_metadata)
+                        .map_err(|e| DataFusionError::Execution(format!("storage node {url}: malformed statistics: {e}")));
+                    *slot.lock().expect("stats lock") = Some(parsed);
+                    return Ok(None);
+                }
+                Ok(Some(message))
+            }
+        });
+        let batches = FlightRecordBatchStream::new_from_flight_data(data).map(move |item| match item {
+            Ok(batch) => Ok(ScanMessage::Batch(batch)),
+            Err(FlightError::Tonic(status)) => Err(node.error(*status)),
+            Err(e) => Err(DataFusionError::Execution(format!("storage node {}: {e}", node.url))),
+        });
+        // After the last batch: the statistics, if the node sent them; otherwise nothing, and
+        // the host reports the stream as incomplete.
+        let closing = futures::stream::once(async move { stats.lock().expect("stats lock").take() })
+            .filter_map(|stats| async move { stats.map(|s| s.map(ScanMessage::Finished)) });
+        Ok(batches.chain(closing).boxed())
+    }
+}

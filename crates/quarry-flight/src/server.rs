@@ -1,0 +1,262 @@
+//! The storage node's Arrow Flight service (`quarry serve`).
+//!
+//! - `do_get`: the ticket is a [`quarry_storage::Fragment`]; the response is its batches, then
+//!   one message carrying only `app_metadata`: the fragment's [`ScanStats`] as JSON. A stream
+//!   without that closing message is incomplete, and the host treats it as an error.
+//! - `do_action`: `list_tables`, `table_info`, `describe`, and the write transaction
+//!   `begin_write` / `commit_write` / `abort_write`.
+//! - `do_put`: one segment of a write in progress.
+//!
+//! With a token, every call must carry `authorization: Bearer <token>`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, HandshakeResponse, PollInfo, PutResult,
+    SchemaResult, Ticket,
+};
+use bytes::Bytes;
+use datafusion::error::DataFusionError;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use quarry_storage::{Fragment, LocalStorageNode, ScanMessage, ScanStats, StorageNode};
+use quarry_table::{SegmentMeta, SegmentOptions, TableWriter, WriteMode};
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::TokenCheck;
+use crate::wire::{BeginWrite, CommitWrite, PutSegment, TableInfoWire, action};
+
+/// The Flight service over a node.
+pub struct NodeService {
+    node: Arc<LocalStorageNode>,
+    writes: Mutex<HashMap<String, PendingWrite>>,
+    next_write: std::sync::atomic::AtomicU64,
+}
+
+struct PendingWrite {
+    writer: Arc<TableWriter>,
+    segments: Vec<SegmentMeta>,
+}
+
+impl NodeService {
+    /// Serves `node`.
+    pub fn new(node: Arc<LocalStorageNode>) -> Self {
+        NodeService { node, writes: Mutex::new(HashMap::new()), next_write: Default::default() }
+    }
+}
+
+/// Where and how a node listens.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Address for Flight.
+    pub listen: SocketAddr,
+    /// Token every call must carry.
+    pub token: Option<String>,
+    /// Address for Prometheus metrics.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// Runs the node until the process ends. `on_ready` gets the bound addresses (the Flight port
+/// may have been 0). A node refuses to listen beyond loopback without a token.
+pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>)) -> Result<(), String> {
+    if options.token.is_none() && !options.listen.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {} without authentication: give --token-file, or listen on a loopback address (127.0.0.1)",
+            options.listen
+        ));
+    }
+    if options.token.as_ref().is_some_and(|t| t.trim().is_empty()) {
+        return Err("the token file is empty".into());
+    }
+    let listener = tokio::net::TcpListener::bind(options.listen).await.map_err(|e| format!("listening on {}: {e}", options.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics_address = match options.metrics_listen {
+        Some(addr) => Some(crate::metrics::serve_metrics(Arc::clone(&node), addr).await?),
+        None => None,
+    };
+    on_ready(address, metrics_address);
+    let service = FlightServiceServer::with_interceptor(NodeService::new(node), TokenCheck::new(options.token))
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20);
+    Server::builder()
+        .add_service(service)
+        .serve_with_incoming(TcpIncoming::from(listener))
+        .await
+        .map_err(|e| format!("serving on {address}: {e}"))
+}
+
+fn status(e: DataFusionError) -> Status {
+    let message = quarry_message(&e);
+    match e {
+        DataFusionError::Plan(_) | DataFusionError::SchemaError(..) | DataFusionError::Configuration(_) => Status::invalid_argument(message),
+        _ => Status::internal(message),
+    }
+}
+
+/// The error's own words, without DataFusion's nesting.
+fn quarry_message(e: &DataFusionError) -> String {
+    match e {
+        DataFusionError::Context(_, inner) | DataFusionError::Diagnostic(_, inner) => quarry_message(inner),
+        DataFusionError::Shared(inner) => quarry_message(inner),
+        DataFusionError::Plan(m) | DataFusionError::Execution(m) => m.clone(),
+        other => other.message().to_string(),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<arrow_flight::Result, Status> {
+    let body = serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(arrow_flight::Result { body: body.into() })
+}
+
+fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8], what: &str) -> Result<T, Status> {
+    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
+}
+
+type Stream<T> = BoxStream<'static, Result<T, Status>>;
+
+#[tonic::async_trait]
+impl FlightService for NodeService {
+    type HandshakeStream = Stream<HandshakeResponse>;
+    type ListFlightsStream = Stream<FlightInfo>;
+    type DoGetStream = Stream<FlightData>;
+    type DoPutStream = Stream<PutResult>;
+    type DoActionStream = Stream<arrow_flight::Result>;
+    type ListActionsStream = Stream<ActionType>;
+    type DoExchangeStream = Stream<FlightData>;
+
+    async fn handshake(&self, _request: Request<Streaming<HandshakeRequest>>) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("handshake is not used: send the token as a bearer token on each call"))
+    }
+
+    async fn list_flights(&self, _request: Request<Criteria>) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("list_flights: use the list_tables action"))
+    }
+
+    async fn get_flight_info(&self, _request: Request<FlightDescriptor>) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("get_flight_info: send a fragment with do_get"))
+    }
+
+    async fn poll_flight_info(&self, _request: Request<FlightDescriptor>) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("poll_flight_info"))
+    }
+
+    async fn get_schema(&self, _request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("get_schema: use the table_info action"))
+    }
+
+    async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        let fragment = Fragment { plan: request.into_inner().ticket };
+        let messages = self.node.execute(fragment).await.map_err(status)?;
+        let stats: Arc<Mutex<Option<ScanStats>>> = Arc::default();
+        let stats_slot = Arc::clone(&stats);
+        let batches = messages
+            .map_err(|e| FlightError::Tonic(Box::new(status(e))))
+            .try_filter_map(move |message| {
+                let stats_slot = Arc::clone(&stats_slot);
+                async move {
+                    match message {
+                        ScanMessage::Batch(batch) => Ok(Some(batch)),
+                        ScanMessage::Finished(stats) => {
+                            *stats_slot.lock().expect("stats lock") = Some(stats);
+                            Ok(None)
+                        }
+                    }
+                }
+            });
+        let encoded = FlightDataEncoderBuilder::new().build(batches).map_err(|e| match e {
+            FlightError::Tonic(status) => *status,
+            other => Status::internal(other.to_string()),
+        });
+        // The closing message: statistics, only once the fragment finished.
+        let closing = futures::stream::once(async move {
+            let stats = stats.lock().expect("stats lock").take();
+            match stats {
+                Some(stats) => Ok(FlightData { app_metadata: Bytes::from(serde_json::to_vec(&stats).expect("stats serialize")), ..Default::default() }),
+                None => Err(Status::internal("fragment ended without statistics")),
+            }
+        });
+        Ok(Response::new(encoded.chain(closing).boxed()))
+    }
+
+    async fn do_put(&self, request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.message().await?.ok_or_else(|| Status::invalid_argument("empty do_put"))?;
+        let descriptor = first.flight_descriptor.clone().ok_or_else(|| Status::invalid_argument("do_put needs a descriptor naming the write"))?;
+        let put: PutSegment = parse(&descriptor.cmd, "put")?;
+        let writer = {
+            let writes = self.writes.lock().expect("writes lock");
+            Arc::clone(&writes.get(&put.write).ok_or_else(|| Status::not_found(format!("no write '{}' in progress", put.write)))?.writer)
+        };
+        let data = futures::stream::once(async { Ok(first) }).chain(stream.map_err(FlightError::from));
+        let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
+        let mut segment = writer.new_segment().map_err(|e| Status::internal(e.to_string()))?;
+        while let Some(batch) = batches.next().await {
+            let batch = batch.map_err(|e| Status::invalid_argument(format!("bad segment data: {e}")))?;
+            let batch = quarry_table::segment::conform_batch(&batch, writer.schema()).map_err(Status::invalid_argument)?;
+            segment.write(&batch).map_err(|e| Status::internal(e.to_string()))?;
+        }
+        let meta = segment.finish().map_err(|e| Status::internal(e.to_string()))?;
+        let rows = meta.rows;
+        let mut writes = self.writes.lock().expect("writes lock");
+        let pending = writes.get_mut(&put.write).ok_or_else(|| Status::aborted("the write was aborted"))?;
+        pending.segments.push(meta);
+        let result = PutResult { app_metadata: Bytes::from(rows.to_string()) };
+        Ok(Response::new(futures::stream::once(async { Ok(result) }).boxed()))
+    }
+
+    async fn do_action(&self, request: Request<Action>) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let body = &action.body[..];
+        let result = match action.r#type.as_str() {
+            action::LIST_TABLES => json(&self.node.list_tables().await.map_err(status)?)?,
+            action::TABLE_INFO => {
+                let table: String = parse(body, "table_info")?;
+                json(&TableInfoWire::from_info(&self.node.table_info(&table).await.map_err(status)?))?
+            }
+            action::DESCRIBE => json(&self.node.describe().await.map_err(status)?)?,
+            action::BEGIN_WRITE => {
+                let begin: BeginWrite = parse(body, "begin_write")?;
+                let schema = begin.schema.to_arrow().map_err(Status::invalid_argument)?;
+                let mode = if begin.append { WriteMode::Append } else { WriteMode::Replace };
+                let options = SegmentOptions { bloom_filter_columns: begin.bloom_filter_columns };
+                let writer =
+                    self.node.warehouse().begin_write(&begin.table, &schema, mode, options, begin.sort_key).map_err(|e| Status::failed_precondition(e.to_string()))?;
+                let id = format!("w{}", self.next_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+                self.writes.lock().expect("writes lock").insert(id.clone(), PendingWrite { writer: Arc::new(writer), segments: Vec::new() });
+                json(&id)?
+            }
+            action::COMMIT_WRITE => {
+                let commit: CommitWrite = parse(body, "commit_write")?;
+                let pending = self.writes.lock().expect("writes lock").remove(&commit.write).ok_or_else(|| Status::not_found("no such write"))?;
+                let writer = Arc::try_unwrap(pending.writer).map_err(|_| Status::failed_precondition("a segment of this write is still being written"))?;
+                let manifest = writer.commit(pending.segments, commit.properties).map_err(|e| Status::internal(e.to_string()))?;
+                json(&manifest.version)?
+            }
+            action::ABORT_WRITE => {
+                let write: String = parse(body, "abort_write")?;
+                self.writes.lock().expect("writes lock").remove(&write);
+                json(&true)?
+            }
+            other => return Err(Status::invalid_argument(format!("unknown action '{other}'"))),
+        };
+        Ok(Response::new(futures::stream::once(async { Ok(result) }).boxed()))
+    }
+
+    async fn list_actions(&self, _request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = [action::LIST_TABLES, action::TABLE_INFO, action::DESCRIBE, action::BEGIN_WRITE, action::COMMIT_WRITE, action::ABORT_WRITE]
+            .map(|name| Ok(ActionType { r#type: name.into(), description: String::new() }));
+        Ok(Response::new(futures::stream::iter(actions).boxed()))
+    }
+
+    async fn do_exchange(&self, _request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("do_exchange"))
+    }
+}

@@ -1,0 +1,133 @@
+//! What travels in Flight actions: table information, node descriptions and write requests,
+//! as JSON. Schemas travel as Arrow IPC; statistics bounds as text parsed with the column's
+//! type, like the manifest stores them.
+
+use std::sync::Arc;
+
+use arrow::datatypes::Schema;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::{SchemaAsIpc, SchemaResult};
+use datafusion::common::stats::Precision;
+use datafusion::common::{ColumnStatistics, ScalarValue};
+use datafusion::error::{DataFusionError, Result};
+use quarry_storage::{SegmentInfo, TableInfo};
+use quarry_table::manifest::TableSchema;
+use serde::{Deserialize, Serialize};
+
+/// Action names.
+pub mod action {
+    /// List the node's tables.
+    pub const LIST_TABLES: &str = "list_tables";
+    /// One table's information.
+    pub const TABLE_INFO: &str = "table_info";
+    /// The node's profile and calibration.
+    pub const DESCRIBE: &str = "describe";
+    /// Start a write transaction.
+    pub const BEGIN_WRITE: &str = "begin_write";
+    /// Commit a write transaction.
+    pub const COMMIT_WRITE: &str = "commit_write";
+    /// Abort a write transaction.
+    pub const ABORT_WRITE: &str = "abort_write";
+}
+
+/// [`TableInfo`] on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TableInfoWire {
+    name: String,
+    version: u64,
+    schema_ipc: Vec<u8>,
+    segments: Vec<(String, u64, u64)>,
+    columns: Vec<ColumnStatsWire>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ColumnStatsWire {
+    min: Option<String>,
+    max: Option<String>,
+    null_count: Option<u64>,
+}
+
+impl TableInfoWire {
+    /// Encodes `info`.
+    pub fn from_info(info: &TableInfo) -> Self {
+        let schema: SchemaResult = SchemaAsIpc::new(&info.schema, &IpcWriteOptions::default()).try_into().expect("a table schema encodes as IPC");
+        let text = |p: &Precision<ScalarValue>| p.get_value().filter(|v| !v.is_null()).map(|v| v.to_string());
+        TableInfoWire {
+            name: info.name.clone(),
+            version: info.version,
+            schema_ipc: schema.schema.to_vec(),
+            segments: info.segments.iter().map(|s| (s.id.clone(), s.rows, s.bytes)).collect(),
+            columns: info
+                .column_statistics
+                .iter()
+                .map(|c| ColumnStatsWire { min: text(&c.min_value), max: text(&c.max_value), null_count: c.null_count.get_value().map(|&n| n as u64) })
+                .collect(),
+        }
+    }
+
+    /// Decodes and checks the information a node sent.
+    pub fn into_info(self, node: &str) -> Result<TableInfo> {
+        let bad = |what: String| DataFusionError::Execution(format!("node {node} sent bad table information for '{}': {what}", self.name));
+        let encoded = SchemaResult { schema: self.schema_ipc.clone().into() };
+        let schema = Schema::try_from(&encoded).map_err(|e| bad(e.to_string()))?;
+        if self.columns.len() != schema.fields().len() {
+            return Err(bad(format!("{} column statistics for {} columns", self.columns.len(), schema.fields().len())));
+        }
+        let column_statistics = self
+            .columns
+            .iter()
+            .zip(schema.fields())
+            .map(|(c, field)| {
+                let parse = |t: &Option<String>| {
+                    t.as_ref()
+                        .and_then(|t| ScalarValue::try_from_string(t.clone(), field.data_type()).ok())
+                        .map_or(Precision::Absent, Precision::Inexact)
+                };
+                ColumnStatistics {
+                    min_value: parse(&c.min),
+                    max_value: parse(&c.max),
+                    null_count: c.null_count.map_or(Precision::Absent, |n| Precision::Exact(n as usize)),
+                    ..ColumnStatistics::new_unknown()
+                }
+            })
+            .collect();
+        Ok(TableInfo {
+            name: self.name.clone(),
+            version: self.version,
+            schema: Arc::new(schema),
+            segments: self.segments.iter().map(|(id, rows, bytes)| SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes }).collect(),
+            column_statistics,
+        })
+    }
+}
+
+/// Starts writing a table on a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BeginWrite {
+    /// Table name.
+    pub table: String,
+    /// Its columns.
+    pub schema: TableSchema,
+    /// Replace the table (or append to it).
+    pub append: bool,
+    /// Columns that get Bloom filters.
+    pub bloom_filter_columns: Vec<String>,
+    /// Sort key columns.
+    pub sort_key: Vec<String>,
+}
+
+/// Commits a write on a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommitWrite {
+    /// The write's id (from `begin_write`).
+    pub write: String,
+    /// Table properties to record.
+    pub properties: Vec<(String, String)>,
+}
+
+/// What a `do_put` of one segment names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PutSegment {
+    /// The write's id.
+    pub write: String,
+}

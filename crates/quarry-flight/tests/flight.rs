@@ -1,0 +1,130 @@
+//! A storage node over Flight must not trust what it is sent: fragments naming file paths,
+//! unknown tables, segments or columns, filters that misname their input's columns, and bytes
+//! that are no plan at all are rejected with an error, and the node keeps serving.
+
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, lit};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
+use futures::TryStreamExt;
+use quarry_flight::{RemoteStorageNode, ServeOptions, serve};
+use quarry_storage::{Fragment, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, StorageNode, encode_fragment};
+use quarry_table::{SegmentOptions, Warehouse, WriteMode};
+
+const TOKEN: &str = "test-token";
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false), Field::new("value", DataType::Int64, false)]))
+}
+
+/// A warehouse with table `t` (ids 0..1000, value = 2 * id) in one segment.
+fn warehouse(dir: &std::path::Path) -> (Warehouse, String) {
+    let warehouse = Warehouse::open(dir).unwrap();
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions::default(), Vec::new()).unwrap();
+    let mut segment = writer.new_segment().unwrap();
+    let ids: Vec<i64> = (0..1000).collect();
+    let batch = RecordBatch::try_new(
+        schema(),
+        vec![Arc::new(Int64Array::from(ids.clone())), Arc::new(Int64Array::from_iter_values(ids.iter().map(|i| i * 2)))],
+    )
+    .unwrap();
+    segment.write(&batch).unwrap();
+    let meta = segment.finish().unwrap();
+    let id = meta.id.clone();
+    writer.commit(vec![meta], Vec::new()).unwrap();
+    (warehouse, id)
+}
+
+/// Starts a node on a free loopback port; returns its URL.
+async fn start_node(warehouse: Warehouse) -> String {
+    let node = Arc::new(LocalStorageNode::new(warehouse));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None };
+    tokio::spawn(serve(node, options, move |address, _| {
+        let _ = tx.send(address);
+    }));
+    format!("grpc://{}", rx.await.unwrap())
+}
+
+fn leaf(table: &str, segments: Vec<String>, projection: &[&str], schema: SchemaRef) -> ScanLeafExec {
+    let leaf = ScanLeaf { table: table.into(), version: 1, segments, projection: projection.iter().map(|c| c.to_string()).collect(), limit: None };
+    ScanLeafExec::new(leaf, schema)
+}
+
+async fn run(node: &RemoteStorageNode, fragment: Fragment) -> datafusion::error::Result<Vec<ScanMessage>> {
+    node.execute(fragment).await?.try_collect().await
+}
+
+async fn rejected(node: &RemoteStorageNode, plan: Arc<dyn ExecutionPlan>) -> String {
+    match run(node, encode_fragment(plan).unwrap()).await {
+        Ok(messages) => panic!("the node ran a bad fragment and returned {} messages", messages.len()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_rejects_bad_fragments_and_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (warehouse, segment) = warehouse(dir.path());
+    let url = start_node(warehouse).await;
+    let node = RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    let info = node.table_info("t").await.unwrap();
+    assert_eq!(info.total_rows(), 1000);
+    let version = info.version;
+    let with_version = |l: ScanLeafExec| l.with_segments(version, vec![segment.clone()]);
+    let both = schema();
+
+    // A table named by a file path.
+    for table in ["/etc/passwd", "../t", "t/data", "t/../t"] {
+        let error = rejected(&node, Arc::new(with_version(leaf(table, vec![], &["id"], Arc::clone(&both))))).await;
+        assert!(error.contains("not found"), "{table}: {error}");
+        assert!(error.contains(&url), "the error names the node: {error}");
+    }
+    // A segment named by a file path, or one the table does not have.
+    for id in ["../../etc/passwd", "data/x.parquet", "nope"] {
+        let plan = leaf("t", vec![id.into()], &["id"], Arc::clone(&both)).with_segments(version, vec![id.into()]);
+        let error = rejected(&node, Arc::new(plan)).await;
+        assert!(error.contains(&format!("no segment '{id}'")), "{id}: {error}");
+    }
+    // An unknown column.
+    let plan = with_version(leaf("t", vec![], &["id", "secret"], Arc::clone(&both)));
+    let error = rejected(&node, Arc::new(plan)).await;
+    assert!(error.contains("has no column 'secret'"), "{error}");
+    // A filter whose column is not its input's column of that name at that index.
+    let scan: Arc<dyn ExecutionPlan> = Arc::new(with_version(leaf("t", vec![], &["id", "value"], Arc::clone(&both))));
+    for column in [Column::new("value", 0), Column::new("nope", 1)] {
+        let predicate = Arc::new(BinaryExpr::new(Arc::new(column.clone()), Operator::Gt, lit(5i64)));
+        let filter = FilterExec::try_new(predicate, Arc::clone(&scan)).unwrap();
+        let error = rejected(&node, Arc::new(filter)).await;
+        assert!(error.contains(&format!("unknown column '{}'", column.name())), "{column}: {error}");
+    }
+    // Bytes that are no plan.
+    for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {
+        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage) }).await.unwrap_err().to_string();
+        assert!(error.contains("fragment"), "{garbage:?}: {error}");
+    }
+
+    // Still serving, and a good fragment gives the right rows.
+    let predicate = Arc::new(BinaryExpr::new(Arc::new(Column::new("id", 0)), Operator::Lt, lit(10i64)));
+    let filter = FilterExec::try_new(predicate, scan).unwrap();
+    let messages = run(&node, encode_fragment(Arc::new(filter)).unwrap()).await.unwrap();
+    let rows: usize = messages.iter().map(|m| if let ScanMessage::Batch(b) = m { b.num_rows() } else { 0 }).sum();
+    assert_eq!(rows, 10);
+    assert!(matches!(messages.last(), Some(ScanMessage::Finished(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_the_token_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (warehouse, _) = warehouse(dir.path());
+    let url = start_node(warehouse).await;
+    let error = RemoteStorageNode::connect(&url, None).await.unwrap_err();
+    assert!(error.contains("requires a token"), "{error}");
+    let error = RemoteStorageNode::connect(&url, Some("guess")).await.unwrap_err();
+    assert!(error.contains("wrong token"), "{error}");
+    RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+}

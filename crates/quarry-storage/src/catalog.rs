@@ -1,0 +1,174 @@
+//! The node's catalog: table information for hosts, and the checks and statistics a scan of
+//! a table's segments relies on.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::pruning::PruningStatistics;
+use datafusion::common::stats::Precision;
+use datafusion::common::{Column, ColumnStatistics, ScalarValue, plan_datafusion_err, plan_err};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::physical_plan::ExecutionPlan;
+use quarry_table::{SegmentMeta, TableError, TableSnapshot};
+
+use crate::api::{SegmentInfo, TableInfo};
+
+/// Maps table-layer errors to DataFusion errors a user can read: a missing table is a planning
+/// error; anything else reports the file concerned.
+pub fn table_error(e: TableError) -> DataFusionError {
+    match e {
+        TableError::TableNotFound(name) => plan_datafusion_err!("table '{name}' not found"),
+        TableError::InvalidTableName(name) => plan_datafusion_err!("table '{name}' not found (invalid table name)"),
+        other => DataFusionError::External(Box::new(other)),
+    }
+}
+
+/// The schema scans return: strings and binaries as views, which DataFusion processes fastest.
+pub fn scan_schema(storage: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = storage
+        .fields()
+        .iter()
+        .map(|f| {
+            let data_type = match f.data_type() {
+                DataType::Utf8 | DataType::LargeUtf8 => DataType::Utf8View,
+                DataType::Binary | DataType::LargeBinary => DataType::BinaryView,
+                other => other.clone(),
+            };
+            Field::new(f.name(), data_type, f.is_nullable())
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+pub fn table_info(snapshot: &TableSnapshot) -> TableInfo {
+    let schema = scan_schema(&snapshot.schema);
+    let column_statistics = (0..schema.fields().len()).map(|i| column_statistics(&snapshot.manifest.segments, i, schema.field(i).data_type())).collect();
+    TableInfo {
+        column_statistics,
+        name: snapshot.manifest.table.clone(),
+        version: snapshot.manifest.version,
+        schema,
+        segments: snapshot
+            .manifest
+            .segments
+            .iter()
+            .map(|s| SegmentInfo { id: s.id.clone(), rows: s.rows, bytes: s.bytes })
+            .collect(),
+    }
+}
+
+/// The requested segments of the snapshot, in request order; unknown ids are an error.
+pub fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Result<Vec<&'a SegmentMeta>> {
+    let by_id: HashMap<&str, &SegmentMeta> = snapshot.manifest.segments.iter().map(|s| (s.id.as_str(), s)).collect();
+    let mut seen = HashSet::new();
+    ids.iter()
+        .map(|id| {
+            if !seen.insert(id.as_str()) {
+                return plan_err!("segment '{id}' requested twice");
+            }
+            by_id.get(id.as_str()).copied().ok_or_else(|| {
+                plan_datafusion_err!("table '{}' version {} has no segment '{id}'", snapshot.manifest.table, snapshot.manifest.version)
+            })
+        })
+        .collect()
+}
+
+/// Bounds and NULL count of column `index` over `segments`; a bound stays unknown unless every
+/// segment with values has one.
+fn column_statistics(segments: &[SegmentMeta], index: usize, data_type: &DataType) -> ColumnStatistics {
+    let parse = |text: &Option<String>| text.as_ref().and_then(|t| ScalarValue::try_from_string(t.clone(), data_type).ok());
+    let mut min: Option<ScalarValue> = None;
+    let mut max: Option<ScalarValue> = None;
+    let mut bounds_known = true;
+    let mut null_count = Some(0u64);
+    for segment in segments {
+        let Some(column) = segment.columns.get(index) else { return ColumnStatistics::new_unknown() };
+        null_count = null_count.zip(column.null_count).map(|(a, b)| a + b);
+        if column.null_count == Some(segment.rows) {
+            continue; // all NULL: no bounds to contribute
+        }
+        match (parse(&column.min), parse(&column.max)) {
+            (Some(lo), Some(hi)) => {
+                min = Some(match min { Some(m) if m <= lo => m, _ => lo });
+                max = Some(match max { Some(m) if m >= hi => m, _ => hi });
+            }
+            _ => bounds_known = false,
+        }
+    }
+    let mut statistics = ColumnStatistics::new_unknown();
+    if bounds_known {
+        statistics.min_value = min.map_or(Precision::Absent, Precision::Inexact);
+        statistics.max_value = max.map_or(Precision::Absent, Precision::Inexact);
+    }
+    statistics.null_count = null_count.map_or(Precision::Absent, |n| Precision::Exact(n as usize));
+    statistics
+}
+
+/// A segment the manifest names must exist with the size recorded at commit; anything else is
+/// damage to report, never a table that silently lost rows.
+pub fn check_segment_file(snapshot: &TableSnapshot, segment: &SegmentMeta) -> Result<()> {
+    let path = snapshot.segment_path(segment);
+    let reason = match std::fs::metadata(&path) {
+        Ok(meta) if meta.len() == segment.bytes => return Ok(()),
+        Ok(meta) => format!("{} bytes on disk, the manifest says {}", meta.len(), segment.bytes),
+        Err(e) => e.to_string(),
+    };
+    Err(DataFusionError::External(Box::new(TableError::CorruptSegment { path, reason })))
+}
+
+/// Bytes the plan's Parquet scans read from files.
+pub fn bytes_scanned(plan: &dyn ExecutionPlan) -> u64 {
+    let own = plan.metrics().and_then(|m| m.sum_by_name("bytes_scanned")).map(|v| v.as_usize() as u64).unwrap_or(0);
+    own + plan.children().iter().map(|c| bytes_scanned(c.as_ref())).sum::<u64>()
+}
+
+/// Manifest statistics of segments, in the form DataFusion's pruning predicate evaluates.
+pub struct SegmentStatistics<'a> {
+    /// Segments, one container each.
+    pub segments: &'a [&'a SegmentMeta],
+    /// The table's full scan schema.
+    pub schema: &'a SchemaRef,
+}
+
+impl SegmentStatistics<'_> {
+    fn bound(&self, column: &Column, max: bool) -> Option<ArrayRef> {
+        let index = self.schema.index_of(&column.name).ok()?;
+        let data_type = self.schema.field(index).data_type();
+        let values = self.segments.iter().map(|s| {
+            let text = s.columns.get(index).and_then(|c| if max { c.max.clone() } else { c.min.clone() });
+            // An unparsable bound is treated as unknown, which never prunes.
+            text.and_then(|t| ScalarValue::try_from_string(t, data_type).ok())
+                .unwrap_or_else(|| ScalarValue::try_new_null(data_type).expect("null of column type"))
+        });
+        ScalarValue::iter_to_array(values).ok()
+    }
+}
+
+impl PruningStatistics for SegmentStatistics<'_> {
+    fn min_values(&self, column: &Column) -> Option<ArrayRef> {
+        self.bound(column, false)
+    }
+
+    fn max_values(&self, column: &Column) -> Option<ArrayRef> {
+        self.bound(column, true)
+    }
+
+    fn num_containers(&self) -> usize {
+        self.segments.len()
+    }
+
+    fn null_counts(&self, column: &Column) -> Option<ArrayRef> {
+        let index = self.schema.index_of(&column.name).ok()?;
+        Some(Arc::new(UInt64Array::from_iter(self.segments.iter().map(|s| s.columns.get(index).and_then(|c| c.null_count)))))
+    }
+
+    fn row_counts(&self) -> Option<ArrayRef> {
+        Some(Arc::new(UInt64Array::from_iter_values(self.segments.iter().map(|s| s.rows))))
+    }
+
+    fn contained(&self, _column: &Column, _values: &HashSet<ScalarValue>) -> Option<BooleanArray> {
+        None
+    }
+}

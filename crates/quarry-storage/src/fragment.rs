@@ -1,0 +1,269 @@
+//! Fragments on the wire: DataFusion physical plans in datafusion-proto, with [`ScanLeafExec`]
+//! leaves, and the checks a node runs before trusting one.
+//!
+//! The host ships the operators it chose to push down exactly as its own planner built them
+//! (filter, projection, partial aggregation, top-k, a join), so the partial states a node returns
+//! are the ones the host's final aggregation expects. The only leaf a fragment may contain is a
+//! [`ScanLeaf`], which names a table and segments; the node resolves those in its own catalog,
+//! so a fragment can never reach a file by path.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{Statistics, internal_err, plan_datafusion_err, plan_err};
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::joins::utils::JoinSide;
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream};
+use datafusion::common::JoinType;
+use datafusion_proto::bytes::{physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec};
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+
+use crate::api::{Fragment, ScanLeaf};
+
+/// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
+/// fills with each partition's segments; on the node it is bound to a real scan before running.
+#[derive(Debug, Clone)]
+pub struct ScanLeafExec {
+    leaf: ScanLeaf,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    /// The host's estimate of what the leaf reads (not shipped).
+    statistics: Option<Arc<Statistics>>,
+}
+
+impl ScanLeafExec {
+    /// A leaf reading `leaf`, producing `schema` (the projected columns).
+    pub fn new(leaf: ScanLeaf, schema: SchemaRef) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None }
+    }
+
+    /// The leaf with the host's estimate of its output, which DataFusion propagates through
+    /// the operators above it for placement decisions.
+    pub fn with_statistics(mut self, statistics: Statistics) -> Self {
+        self.statistics = Some(Arc::new(statistics));
+        self
+    }
+
+    /// What it reads.
+    pub fn leaf(&self) -> &ScanLeaf {
+        &self.leaf
+    }
+
+    /// The same leaf over other segments of another version.
+    pub fn with_segments(&self, version: u64, segments: Vec<String>) -> Self {
+        let leaf = ScanLeaf { version, segments, ..self.leaf.clone() };
+        ScanLeafExec { leaf, statistics: self.statistics.clone(), ..self.clone() }
+    }
+}
+
+impl DisplayAs for ScanLeafExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "Scan: table={}, projection=[{}]", self.leaf.table, self.leaf.projection.join(", "))?;
+        if let Some(limit) = self.leaf.limit {
+            write!(f, ", limit={limit}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for ScanLeafExec {
+    fn name(&self) -> &str {
+        "ScanLeafExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() { Ok(self) } else { internal_err!("ScanLeafExec has no children") }
+    }
+
+    fn execute(&self, _partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        internal_err!("a fragment's scan leaf runs only once a storage node has bound it to its files")
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        match (&self.statistics, partition) {
+            (Some(statistics), None) => Ok(Arc::clone(statistics)),
+            _ => Ok(Arc::new(Statistics::new_unknown(&self.schema))),
+        }
+    }
+}
+
+/// Resolves a leaf against a node's catalog: checks the table, version, segments and columns,
+/// and returns the schema the leaf produces.
+pub type LeafResolver = Arc<dyn Fn(&ScanLeaf) -> Result<SchemaRef> + Send + Sync>;
+
+/// The codec for fragment leaves. Encoding needs no catalog; decoding resolves every leaf.
+struct LeafCodec {
+    resolve: Option<LeafResolver>,
+}
+
+impl fmt::Debug for LeafCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LeafCodec")
+    }
+}
+
+impl PhysicalExtensionCodec for LeafCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !inputs.is_empty() {
+            return plan_err!("fragment: a scan leaf cannot have inputs");
+        }
+        let leaf: ScanLeaf = serde_json::from_slice(buf).map_err(|e| plan_datafusion_err!("fragment: malformed scan leaf: {e}"))?;
+        let resolve = self.resolve.as_ref().ok_or_else(|| plan_datafusion_err!("fragment decoding needs a catalog"))?;
+        let schema = resolve(&leaf)?;
+        Ok(Arc::new(ScanLeafExec::new(leaf, schema)))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        match node.downcast_ref::<ScanLeafExec>() {
+            Some(leaf) => {
+                serde_json::to_writer(buf, &leaf.leaf).map_err(|e| plan_datafusion_err!("encoding a scan leaf: {e}"))?;
+                Ok(())
+            }
+            None => plan_err!("operator {} cannot be shipped to a storage node", node.name()),
+        }
+    }
+}
+
+/// Encodes a plan whose leaves are [`ScanLeafExec`]s.
+pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Fragment> {
+    let codec = LeafCodec { resolve: None };
+    Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)? })
+}
+
+/// Decodes a fragment, resolving each leaf with `resolve`, then checks it with
+/// [`validate_fragment`]. Decoding untrusted bytes runs under `catch_unwind`: a malformed
+/// fragment must produce an error, never take the node down.
+pub fn decode_fragment(fragment: &Fragment, ctx: &TaskContext, resolve: LeafResolver) -> Result<Arc<dyn ExecutionPlan>> {
+    let codec = LeafCodec { resolve: Some(resolve) };
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        physical_plan_from_bytes_with_extension_codec(&fragment.plan, ctx, &codec)
+    }))
+    .map_err(|_| plan_datafusion_err!("fragment: malformed plan (the decoder failed)"))?
+    .map_err(|e| plan_datafusion_err!("fragment rejected: {}", e.message()))?;
+    validate_fragment(&decoded)?;
+    Ok(decoded)
+}
+
+/// A node runs only operators it knows, each over columns that exist in its input with the
+/// names the fragment claims: anything else is rejected before a byte is read.
+pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
+    let any = plan.as_ref();
+    let single_input = || -> Result<SchemaRef> {
+        match plan.children().as_slice() {
+            [child] => Ok(child.schema()),
+            _ => plan_err!("fragment: {} must have one input", plan.name()),
+        }
+    };
+    if any.is::<ScanLeafExec>() {
+        return Ok(());
+    } else if let Some(join) = any.downcast_ref::<HashJoinExec>() {
+        if !matches!(join.join_type(), JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti) {
+            return plan_err!("fragment: join type {} is not run in storage", join.join_type());
+        }
+        let (left, right) = (join.left().schema(), join.right().schema());
+        for (l, r) in join.on() {
+            check_columns(l, &left, "join key")?;
+            check_columns(r, &right, "join key")?;
+        }
+        if let Some(filter) = join.filter() {
+            check_columns(filter.expression(), filter.schema(), "join filter")?;
+            for index in filter.column_indices() {
+                let side = match index.side {
+                    JoinSide::Left => &left,
+                    JoinSide::Right => &right,
+                    JoinSide::None => return plan_err!("fragment: join filter column without a side"),
+                };
+                if index.index >= side.fields().len() {
+                    return plan_err!("fragment: join filter refers to column {} of a {}-column input", index.index, side.fields().len());
+                }
+            }
+        }
+    } else if let Some(aggregate) = any.downcast_ref::<AggregateExec>() {
+        if *aggregate.mode() != AggregateMode::Partial {
+            return plan_err!("fragment: only partial aggregation runs in storage");
+        }
+        check_plan_columns(plan, &single_input()?)?;
+    } else if let Some(sort) = any.downcast_ref::<SortExec>() {
+        if sort.fetch().is_none() {
+            return plan_err!("fragment: only top-k sorts (with a limit) run in storage");
+        }
+        check_plan_columns(plan, &single_input()?)?;
+    } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<CoalesceBatchesExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() {
+        check_plan_columns(plan, &single_input()?)?;
+    } else {
+        return plan_err!("fragment: operator {} is not run in storage", plan.name());
+    }
+    plan.children().into_iter().try_for_each(validate_fragment)
+}
+
+fn check_plan_columns(plan: &Arc<dyn ExecutionPlan>, input: &Schema) -> Result<()> {
+    let mut outcome = Ok(());
+    plan.apply_expressions(&mut |expr| {
+        outcome = check_columns(expr, input, plan.name());
+        Ok(if outcome.is_ok() { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
+    })?;
+    outcome
+}
+
+/// Every column an expression reads must be the input's column of that name at that index.
+fn check_columns(expr: &Arc<dyn PhysicalExpr>, input: &Schema, context: &str) -> Result<()> {
+    let mut outcome = Ok(());
+    expr.apply(|e| {
+        if let Some(column) = e.downcast_ref::<Column>() {
+            match input.fields().get(column.index()) {
+                Some(field) if field.name() == column.name() => {}
+                _ => {
+                    outcome = plan_err!("fragment: unknown column '{}' in {context}", column.name());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    outcome
+}

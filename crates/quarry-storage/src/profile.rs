@@ -1,0 +1,317 @@
+//! Device profiles: the budget of a computational-storage device a node is bounded to.
+//!
+//! A profile limits, for real: the node's read bandwidth from its files (a rate limiter in the
+//! object store the Parquet scans read through), its link bandwidth to the host (a rate limiter
+//! on the batches it sends), its worker threads and memory, and its compute speed (workers pause
+//! in proportion to the CPU time they used). Profiles are JSON files; the built-in ones live in
+//! `profiles/` at the repository root and a user adds more by giving a path.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use datafusion::error::{DataFusionError, Result};
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions,
+    PutPayload, PutResult,
+};
+use serde::{Deserialize, Serialize};
+
+/// The limits a node runs under. Absent fields are unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceProfile {
+    /// Profile name.
+    pub name: String,
+    /// What hardware it models.
+    #[serde(default)]
+    pub description: String,
+    /// Internal read bandwidth from the node's files, MB/s (10^6 bytes).
+    #[serde(default)]
+    pub read_mbps: Option<f64>,
+    /// Link bandwidth from the node to the host, MB/s.
+    #[serde(default)]
+    pub link_mbps: Option<f64>,
+    /// Worker threads the device has.
+    #[serde(default)]
+    pub device_threads: Option<usize>,
+    /// Memory the device's operators may use, e.g. "512MB".
+    #[serde(default, with = "size_text")]
+    pub device_memory: Option<u64>,
+    /// How much slower the device CPU is than this machine's (1 = as fast).
+    #[serde(default = "one")]
+    pub compute_slowdown: f64,
+    /// Fragments admitted at once; the rest queue.
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+const BUILTIN: [(&str, &str); 5] = [
+    ("native", include_str!("../../../profiles/native.json")),
+    ("smartssd-2013", include_str!("../../../profiles/smartssd-2013.json")),
+    ("kim-isp-2015", include_str!("../../../profiles/kim-isp-2015.json")),
+    ("softflash", include_str!("../../../profiles/softflash.json")),
+    ("bluedbm", include_str!("../../../profiles/bluedbm.json")),
+];
+
+impl DeviceProfile {
+    /// The profile `name_or_path`: a built-in name, or a JSON file.
+    pub fn load(name_or_path: &str) -> Result<Self, String> {
+        let (text, origin) = match BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
+            Some((_, text)) => (text.to_string(), format!("built-in profile '{name_or_path}'")),
+            None if std::path::Path::new(name_or_path).is_file() => {
+                (std::fs::read_to_string(name_or_path).map_err(|e| format!("reading {name_or_path}: {e}"))?, name_or_path.to_string())
+            }
+            None => {
+                let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+                return Err(format!("unknown device profile '{name_or_path}' (built-in: {}; or give a JSON file)", names.join(", ")));
+            }
+        };
+        let profile: DeviceProfile = serde_json::from_str(&text).map_err(|e| format!("{origin}: {e}"))?;
+        profile.validate().map_err(|e| format!("{origin}: {e}"))?;
+        Ok(profile)
+    }
+
+    /// Field values must make sense.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, value) in [("read_mbps", self.read_mbps), ("link_mbps", self.link_mbps)] {
+            if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(format!("{name} must be a positive number"));
+            }
+        }
+        if !(self.compute_slowdown.is_finite() && self.compute_slowdown >= 1.0) {
+            return Err("compute_slowdown must be at least 1".into());
+        }
+        if self.device_threads == Some(0) || self.max_sessions == Some(0) {
+            return Err("device_threads and max_sessions must be at least 1".into());
+        }
+        if self.device_memory.is_some_and(|m| m < 1 << 20) {
+            return Err("device_memory must be at least 1MB".into());
+        }
+        Ok(())
+    }
+
+    /// Worker threads, defaulting to the machine's cores.
+    pub fn threads(&self) -> usize {
+        self.device_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+/// Parses a size such as `512MB`, `2GB`, `64KiB` or a plain byte count.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a size (e.g. 512MB)"))?;
+    let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown size unit '{other}' in '{text}'")),
+    };
+    Ok((value * factor) as u64)
+}
+
+mod size_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => s.serialize_str(&format!("{v}B")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| super::parse_size(&t).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+/// This machine's CPU cost of the operators a node runs, measured by `quarry calibrate`; the
+/// host's cost model divides by a profile's slowdown to get a device's rates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Decoding Parquet into Arrow, per byte of Arrow output (one thread).
+    pub decode_ns_per_byte: f64,
+    /// Evaluating a simple predicate, per input row.
+    pub filter_ns_per_row: f64,
+    /// Partial aggregation, per input row.
+    pub aggregate_ns_per_row: f64,
+    /// Hash join (build + probe), per input row.
+    pub join_ns_per_row: f64,
+    /// Sending a batch over the node's link: encoding cost per byte on the host side.
+    pub transfer_ns_per_byte: f64,
+}
+
+impl Default for Calibration {
+    /// Conservative figures for a current server core, used until `quarry calibrate` runs.
+    fn default() -> Self {
+        Calibration {
+            decode_ns_per_byte: 0.5,
+            filter_ns_per_row: 2.0,
+            aggregate_ns_per_row: 10.0,
+            join_ns_per_row: 40.0,
+            transfer_ns_per_byte: 0.1,
+        }
+    }
+}
+
+/// What a node tells the host about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeDescription {
+    /// The node's address or `local`.
+    pub name: String,
+    /// Its device profile.
+    pub profile: DeviceProfile,
+    /// The CPU rates of the machine it runs on.
+    pub calibration: Calibration,
+}
+
+/// A shared bandwidth budget: callers reserve bytes and wait until the link could have carried
+/// them. Reservations queue in arrival order, so concurrent streams share the rate.
+#[derive(Debug)]
+pub struct BandwidthLimiter {
+    bytes_per_sec: f64,
+    next_free: std::sync::Mutex<Instant>,
+    waited_ns: AtomicU64,
+}
+
+impl BandwidthLimiter {
+    /// A limiter of `mbps` MB/s.
+    pub fn new(mbps: f64) -> Self {
+        BandwidthLimiter { bytes_per_sec: mbps * 1e6, next_free: std::sync::Mutex::new(Instant::now()), waited_ns: AtomicU64::new(0) }
+    }
+
+    /// Waits until `bytes` more fit the rate; returns the time waited.
+    pub async fn consume(&self, bytes: u64) -> Duration {
+        let now = Instant::now();
+        let done = {
+            let mut next = self.next_free.lock().expect("limiter lock");
+            let start = (*next).max(now);
+            *next = start + Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec);
+            *next
+        };
+        let wait = done.saturating_duration_since(now);
+        if !wait.is_zero() {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(done)).await;
+            self.waited_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
+        }
+        wait
+    }
+
+    /// Total time callers waited.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// An object store that counts the bytes read through it and, under a read budget, holds each
+/// read until the device's internal bandwidth could have delivered it.
+#[derive(Debug)]
+pub struct ThrottledStore {
+    inner: Arc<dyn ObjectStore>,
+    limiter: Option<Arc<BandwidthLimiter>>,
+    bytes_read: AtomicU64,
+}
+
+impl ThrottledStore {
+    /// Wraps `inner`; `limiter` bounds its read bandwidth.
+    pub fn new(inner: Arc<dyn ObjectStore>, limiter: Option<Arc<BandwidthLimiter>>) -> Self {
+        ThrottledStore { inner, limiter, bytes_read: AtomicU64::new(0) }
+    }
+
+    /// Bytes read since the node started.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    async fn account(&self, bytes: u64) {
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        if let Some(limiter) = &self.limiter {
+            limiter.consume(bytes).await;
+        }
+    }
+}
+
+impl fmt::Display for ThrottledStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ThrottledStore({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for ThrottledStore {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+        let head = options.head;
+        let result = self.inner.get_opts(location, options).await?;
+        if !head {
+            self.account(result.range.end - result.range.start).await;
+        }
+        Ok(result)
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
+        let result = self.inner.get_ranges(location, ranges).await?;
+        self.account(result.iter().map(|b| b.len() as u64).sum()).await;
+        Ok(result)
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// CPU time the calling thread has used, nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_THREAD_CPUTIME_ID is always
+    // available on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Converts a profile error for DataFusion callers.
+pub fn profile_error(message: String) -> DataFusionError {
+    DataFusionError::Configuration(message)
+}

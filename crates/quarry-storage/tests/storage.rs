@@ -1,0 +1,277 @@
+//! Integration tests of quarry-storage.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray, StringViewArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::row::{RowConverter, SortField};
+use datafusion::common::{JoinSide, JoinType, NullEquality};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, col, lit};
+use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream, collect};
+use futures::StreamExt;
+use quarry_storage::grace_join::GraceHashJoinExec;
+
+const BATCH_ROWS: usize = 8192;
+const BUDGET: usize = 256 * 1024;
+
+fn part_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("p_key", DataType::Int64, true),
+        Field::new("p_name", DataType::Utf8, false),
+        Field::new("p_brand", DataType::Utf8View, false),
+    ]))
+}
+
+fn lineitem_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("l_key", DataType::Int64, true), Field::new("l_qty", DataType::Int64, false)]))
+}
+
+/// `rows` parts with keys 0.., one in `null_every` keyless; `key` maps a row number to its key.
+fn parts(rows: usize, null_every: usize, key: impl Fn(usize) -> i64) -> Vec<RecordBatch> {
+    (0..rows)
+        .step_by(BATCH_ROWS)
+        .map(|start| {
+            let range = start..(start + BATCH_ROWS).min(rows);
+            let keys: Int64Array = range.clone().map(|i| (i % null_every != 7).then(|| key(i))).collect();
+            let names: StringArray = range.clone().map(|i| Some(format!("part name {i:06}"))).collect();
+            // Longer than 12 bytes, so the views point into data buffers.
+            let brands: StringViewArray = range.map(|i| Some(format!("brand-with-a-long-name-{}", i % 97))).collect();
+            RecordBatch::try_new(part_schema(), vec![Arc::new(keys), Arc::new(names), Arc::new(brands)]).unwrap()
+        })
+        .collect()
+}
+
+/// `rows` line items over keys 0..25,000 (parts above 20,000 do not exist), one in `null_every` keyless.
+fn lineitems(rows: usize, null_every: usize) -> Vec<RecordBatch> {
+    (0..rows)
+        .step_by(BATCH_ROWS)
+        .map(|start| {
+            let range = start..(start + BATCH_ROWS).min(rows);
+            let keys: Int64Array = range.clone().map(|i| (i % null_every != 3).then(|| ((i * 7919) % 25_000) as i64)).collect();
+            let qty: Int64Array = range.map(|i| Some((i % 50) as i64)).collect();
+            RecordBatch::try_new(lineitem_schema(), vec![Arc::new(keys), Arc::new(qty)]).unwrap()
+        })
+        .collect()
+}
+
+fn bytes(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::get_array_memory_size).sum()
+}
+
+/// The batches dealt round-robin over `partitions` partitions of an in-memory scan.
+fn memory_scan(batches: &[RecordBatch], schema: SchemaRef, partitions: usize) -> Arc<dyn ExecutionPlan> {
+    let mut split = vec![Vec::new(); partitions];
+    for (i, batch) in batches.iter().enumerate() {
+        split[i % partitions].push(batch.clone());
+    }
+    MemorySourceConfig::try_new_exec(&split, schema, None).unwrap()
+}
+
+/// One partition of a scan without statistics.
+#[derive(Debug)]
+struct Batches(SchemaRef, Vec<RecordBatch>);
+
+impl PartitionStream for Batches {
+    fn schema(&self) -> &SchemaRef {
+        &self.0
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let batches = self.1.clone().into_iter().map(Ok);
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.0), futures::stream::iter(batches)))
+    }
+}
+
+/// `l_qty < 25 AND p_brand <> 'brand-with-a-long-name-3'`.
+fn join_filter() -> JoinFilter {
+    let schema =
+        Arc::new(Schema::new(vec![Field::new("p_brand", DataType::Utf8View, false), Field::new("l_qty", DataType::Int64, false)]));
+    let qty: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(col("l_qty", &schema).unwrap(), Operator::Lt, lit(25i64)));
+    let brand = Arc::new(BinaryExpr::new(
+        col("p_brand", &schema).unwrap(),
+        Operator::NotEq,
+        lit(datafusion::common::ScalarValue::Utf8View(Some("brand-with-a-long-name-3".into()))),
+    ));
+    let columns = vec![ColumnIndex { index: 2, side: JoinSide::Left }, ColumnIndex { index: 1, side: JoinSide::Right }];
+    JoinFilter::new(Arc::new(BinaryExpr::new(qty, Operator::And, brand)), columns, schema)
+}
+
+fn hash_join(
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    join_type: JoinType,
+    filter: Option<JoinFilter>,
+    projection: Option<Vec<usize>>,
+    null_equality: NullEquality,
+) -> HashJoinExec {
+    let on = vec![(col("p_key", &left.schema()).unwrap(), col("l_key", &right.schema()).unwrap())];
+    let mode = if left.output_partitioning().partition_count() == 1 { PartitionMode::CollectLeft } else { PartitionMode::Auto };
+    HashJoinExec::try_new(left, right, on, filter, &join_type, projection, mode, null_equality, false).unwrap()
+}
+
+async fn run(plan: Arc<dyn ExecutionPlan>) -> datafusion::error::Result<Vec<RecordBatch>> {
+    collect(plan, Arc::new(TaskContext::default())).await
+}
+
+/// All rows, each in Arrow's row format, sorted: equal for equal multisets of rows.
+fn sorted_rows(schema: &SchemaRef, batches: &[RecordBatch]) -> Vec<Vec<u8>> {
+    let fields = schema.fields().iter().map(|field| SortField::new(field.data_type().clone())).collect();
+    let converter = RowConverter::new(fields).unwrap();
+    let mut rows = Vec::new();
+    for batch in batches {
+        rows.extend(converter.convert_columns(batch.columns()).unwrap().iter().map(|row| row.as_ref().to_vec()));
+    }
+    rows.sort();
+    rows
+}
+
+fn assert_empty_dir(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().map(|entry| entry.unwrap().path()).collect();
+    assert!(left.is_empty(), "spill files left behind: {left:?}");
+}
+
+/// Runs `reference` and a Grace join made from `join` (the same join, maybe over other scans of
+/// the same rows) within `budget`; checks they agree, the budget held, and the spill files are gone.
+async fn assert_same_results(reference: HashJoinExec, join: &HashJoinExec, budget: usize) -> Arc<GraceHashJoinExec> {
+    let dir = tempfile::tempdir().unwrap();
+    let grace = Arc::new(GraceHashJoinExec::try_from_hash_join(join, budget, dir.path().to_path_buf()).unwrap());
+    assert_eq!(grace.schema(), reference.schema());
+    let schema = reference.schema();
+    let expected = sorted_rows(&schema, &run(Arc::new(reference)).await.unwrap());
+    let actual = sorted_rows(&schema, &run(Arc::clone(&grace) as _).await.unwrap());
+    assert_eq!(actual.len(), expected.len(), "{} join: row counts differ", join.join_type());
+    assert!(actual == expected, "{} join: rows differ", join.join_type());
+    assert_eq!(grace.output_rows(), expected.len());
+    assert!(grace.spilled_bytes() > 0);
+    assert!(grace.max_build_partition_bytes() <= budget, "{} > {budget}", grace.max_build_partition_bytes());
+    assert_empty_dir(dir.path());
+    grace
+}
+
+#[tokio::test]
+async fn grace_inner_join_matches_hash_join_within_budget() {
+    let (build, probe) = (parts(20_000, 53, |i| i as i64), lineitems(200_000, 101));
+    assert!(BUDGET < bytes(&build) && BUDGET < bytes(&probe));
+    let join = || hash_join(memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 4), JoinType::Inner, None, None, NullEquality::NullEqualsNothing);
+    let grace = assert_same_results(join(), &join(), BUDGET).await;
+    assert!(grace.output_rows() > 100_000);
+    assert!(grace.spill_partitions() >= 2 && grace.max_build_partition_bytes() > 0);
+}
+
+#[tokio::test]
+async fn grace_join_with_filter_projection_and_null_keys_matching() {
+    let (build, probe) = (parts(20_000, 997, |i| i as i64), lineitems(200_000, 1009));
+    // Output: l_qty, p_name, l_key.
+    let join = || {
+        let (left, right) = (memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 4));
+        hash_join(left, right, JoinType::Inner, Some(join_filter()), Some(vec![4, 1, 3]), NullEquality::NullEqualsNull)
+    };
+    let grace = assert_same_results(join(), &join(), BUDGET).await;
+    assert!(grace.output_rows() > 10_000);
+}
+
+#[tokio::test]
+async fn grace_outer_semi_anti_and_mark_joins_match_hash_join() {
+    // Also with a tiny side, so that many partitions have rows on one side only.
+    for (build_rows, probe_rows) in [(20_000, 50_000), (20_000, 20), (20, 50_000)] {
+        let (build, probe) = (parts(build_rows, 53, |i| i as i64), lineitems(probe_rows, 101));
+        assert_joins_match(&build, &probe).await;
+    }
+}
+
+async fn assert_joins_match(build: &[RecordBatch], probe: &[RecordBatch]) {
+    for join_type in [
+        JoinType::Left,
+        JoinType::Right,
+        JoinType::Full,
+        JoinType::LeftSemi,
+        JoinType::RightSemi,
+        JoinType::LeftAnti,
+        JoinType::RightAnti,
+        JoinType::LeftMark,
+        JoinType::RightMark,
+    ] {
+        for filter in [None, Some(join_filter())] {
+            let join = || {
+                let (left, right) = (memory_scan(build, part_schema(), 1), memory_scan(probe, lineitem_schema(), 3));
+                hash_join(left, right, join_type, filter.clone(), None, NullEquality::NullEqualsNothing)
+            };
+            assert_same_results(join(), &join(), BUDGET).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn grace_join_splits_partitions_over_budget_again() {
+    // Without statistics the first pass makes 16 partitions of about 80 KiB: over a 48 KiB budget.
+    let (build, probe) = (parts(20_000, 53, |i| i as i64), lineitems(100_000, 101));
+    let budget = 48 * 1024;
+    let halves = [build[..build.len() / 2].to_vec(), build[build.len() / 2..].to_vec()];
+    let streams = halves.into_iter().map(|half| Arc::new(Batches(part_schema(), half)) as Arc<dyn PartitionStream>).collect();
+    let unknown_size = Arc::new(StreamingTableExec::try_new(part_schema(), streams, None, Vec::new(), false, None).unwrap());
+    let probe_scan = || memory_scan(&probe, lineitem_schema(), 2);
+    let join = hash_join(unknown_size, probe_scan(), JoinType::Full, None, None, NullEquality::NullEqualsNothing);
+    let reference = hash_join(memory_scan(&build, part_schema(), 1), probe_scan(), JoinType::Full, None, None, NullEquality::NullEqualsNothing);
+    let grace = assert_same_results(reference, &join, budget).await;
+    assert!(grace.spill_partitions() > 16, "{} partitions", grace.spill_partitions());
+}
+
+#[tokio::test]
+async fn grace_join_fails_when_one_key_exceeds_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (build, probe) = (parts(20_000, 53, |_| 42), lineitems(10_000, 101));
+    // A left join: the build rows must be loaded even where no probe row shares their key.
+    let join = hash_join(memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 1), JoinType::Left, None, None, NullEquality::NullEqualsNothing);
+    let grace = GraceHashJoinExec::try_from_hash_join(&join, 64 * 1024, dir.path().to_path_buf()).unwrap();
+    let error = run(Arc::new(grace)).await.unwrap_err();
+    assert!(matches!(error.find_root(), DataFusionError::ResourcesExhausted(_)), "{error}");
+    assert!(error.to_string().contains("memory budget of 65536 bytes"), "{error}");
+    assert_empty_dir(dir.path());
+}
+
+#[tokio::test]
+async fn grace_join_removes_spill_files_when_its_stream_ends_or_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (build, probe) = (parts(20_000, 53, |i| i as i64), lineitems(100_000, 101));
+    let join = hash_join(memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 1), JoinType::Inner, None, None, NullEquality::NullEqualsNothing);
+    let grace = GraceHashJoinExec::try_from_hash_join(&join, BUDGET, dir.path().to_path_buf()).unwrap();
+
+    // Drained: the files are gone before the stream itself is dropped.
+    let mut stream = grace.execute(0, Arc::new(TaskContext::default())).unwrap();
+    while let Some(batch) = stream.next().await {
+        batch.unwrap();
+    }
+    assert_empty_dir(dir.path());
+    drop(stream);
+
+    // Dropped half way: the files exist while it runs and go with it.
+    let mut stream = grace.execute(0, Arc::new(TaskContext::default())).unwrap();
+    stream.next().await.unwrap().unwrap();
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    drop(stream);
+    assert_empty_dir(dir.path());
+}
+
+#[tokio::test]
+async fn grace_join_rejects_a_zero_budget_and_null_aware_anti_joins() {
+    let (build, probe) = (parts(100, 53, |i| i as i64), lineitems(100, 101));
+    let join = hash_join(memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 1), JoinType::Inner, None, None, NullEquality::NullEqualsNothing);
+    assert!(GraceHashJoinExec::try_from_hash_join(&join, 0, std::env::temp_dir()).is_err());
+
+    let (left, right) = (memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 1));
+    let on = vec![(col("p_key", &left.schema()).unwrap(), col("l_key", &right.schema()).unwrap())];
+    let not_in = HashJoinExec::try_new(left, right, on, None, &JoinType::LeftAnti, None, PartitionMode::CollectLeft, NullEquality::NullEqualsNothing, true)
+        .unwrap();
+    let error = GraceHashJoinExec::try_from_hash_join(&not_in, BUDGET, std::env::temp_dir()).unwrap_err();
+    assert!(matches!(error, DataFusionError::NotImplemented(_)), "{error}");
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Pushdown benchmarks: a storage node in its own process, the same queries with pushdown on,
+off (passthrough) and auto, in one run, with the ratios printed.
+
+  q6           TPC-H Q6 (SF 10 by default): bytes over the link with pushdown vs passthrough,
+               and the time of both on a 1 Gbit/s link (--link-mbps 125).
+  selectivity  The Smart SSD paper's sweep (Do et al. 2013, sec. 4.2): Synthetic64 and
+               Synthetic4, selectivity 0.1%, 1%, 10%, 100%, the selection query and the
+               selection+AVG query, on a node bounded by the smartssd-2013 profile.
+
+Each run is `quarry sql --nodes URL --pushdown MODE --format none --stats FILE`; times are the
+query's own wall time from --stats (best of --repeat after a warm-up run), bytes are the
+host's count of Arrow bytes received from the node.
+
+  QUARRY_BIN=target/release/quarry python3 scripts/bench_pushdown.py q6 --warehouse /tmp/wh-tpch10
+  QUARRY_BIN=target/release/quarry python3 scripts/bench_pushdown.py selectivity --warehouse /tmp/wh-syn
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quarry_py as q  # noqa: E402
+
+SYNTHETIC_RANGE = 100_000_000  # values are uniform over 0..this (quarry-gen's synthetic tables)
+
+
+def run_query(urls: str, sql: str, pushdown: str, repeat: int, threads: int) -> dict:
+    """Best-of-`repeat` stats of one query (after one warm-up run)."""
+    best = None
+    with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
+        stats_path = Path(tmp) / "stats.json"
+        for i in range(repeat + 1):
+            q.run_quarry(
+                ["sql", sql, "--nodes", urls, "--pushdown", pushdown, "--threads", threads, "--format", "none", "--stats", stats_path],
+                Path(tmp) / "unused",
+            )
+            stats = json.loads(stats_path.read_text())
+            if i > 0 and (best is None or stats["wall_ms"] < best["wall_ms"]):
+                best = stats
+    return best
+
+
+def ensure_tables(warehouse: Path, gen_args: list[list[str]], tables: list[str]) -> None:
+    have = set(q.list_tables(warehouse))
+    for args, table in zip(gen_args, tables):
+        if table not in have:
+            print(f"generating {table}: quarry gen {' '.join(args)}", flush=True)
+            q.run_quarry(["gen", *args], warehouse, timeout=7200)
+
+
+def bench_q6(args) -> int:
+    warehouse = Path(args.warehouse)
+    ensure_tables(warehouse, [["tpch", "--sf", str(args.sf)]], ["lineitem"])
+    sql = (q.REPO_ROOT / "queries" / "tpch" / "q06.sql").read_text()
+    rows = []
+    for label, node_args in (("unlimited link", []), (f"{args.link_mbps:g} MB/s link", ["--link-mbps", str(args.link_mbps)])):
+        with q.StorageNodes([warehouse], node_args) as node:
+            on = run_query(node.arg, sql, "on", args.repeat, args.threads)
+            off = run_query(node.arg, sql, "off", args.repeat, args.threads)
+        rows.append((label, on, off))
+    print(f"\nTPC-H Q6, SF {args.sf}, one node in its own process, host threads {args.threads}")
+    print(f"{'link':<18} {'pushdown ms':>12} {'passthrough ms':>15} {'speedup':>8} {'pushdown link B':>16} {'passthrough link B':>19} {'bytes ratio':>12}")
+    ok = True
+    for label, on, off in rows:
+        speedup = off["wall_ms"] / on["wall_ms"]
+        ratio = on["bytes_over_link"] / off["bytes_over_link"]
+        print(f"{label:<18} {on['wall_ms']:>12.0f} {off['wall_ms']:>15.0f} {speedup:>7.1f}x {on['bytes_over_link']:>16,} {off['bytes_over_link']:>19,} {ratio:>11.4%}")
+        ok &= ratio <= 0.01
+    limited_speedup = rows[1][2]["wall_ms"] / rows[1][1]["wall_ms"]
+    ok &= limited_speedup >= 10
+    print(f"\ntarget: link bytes with pushdown <= 1% of passthrough; on the {args.link_mbps:g} MB/s link pushdown >= 10x faster "
+          f"(measured {limited_speedup:.1f}x): {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+def bench_selectivity(args) -> int:
+    warehouse = Path(args.warehouse)
+    tables = [f"synthetic{c}" for c in args.columns]
+    ensure_tables(warehouse, [["synthetic", "--columns", str(c), "--rows", str(args.rows)] for c in args.columns], tables)
+    queries = {
+        # The paper's regular SSD ships whole pages to the host: the selection of whole tuples is
+        # the query whose passthrough moves what the paper's baseline moved.
+        "select *": "SELECT * FROM {t} WHERE col1 < {c}",
+        "select col2": "SELECT col2 FROM {t} WHERE col1 < {c}",
+        "avg(col2)": "SELECT AVG(col2) FROM {t} WHERE col1 < {c}",
+    }
+    queries = {k: v for k, v in queries.items() if k in args.queries}
+    results = []
+    with q.StorageNodes([warehouse], ["--profile", args.profile] if args.profile else []) as node:
+        for table in tables:
+            for name, template in queries.items():
+                for selectivity in args.selectivities:
+                    sql = template.format(t=table, c=int(SYNTHETIC_RANGE * selectivity / 100))
+                    times = {}
+                    for mode in ("on", "off", "auto"):
+                        stats = run_query(node.arg, sql, mode, args.repeat, args.threads)
+                        times[mode] = stats
+                    results.append((table, name, selectivity, times))
+                    best = min(times["on"]["wall_ms"], times["off"]["wall_ms"])
+                    print(
+                        f"{table:<12} {name:<12} {selectivity:>6g}%  on {times['on']['wall_ms']:>8.0f} ms  off {times['off']['wall_ms']:>8.0f} ms"
+                        f"  auto {times['auto']['wall_ms']:>8.0f} ms  (auto/best {times['auto']['wall_ms'] / best:.2f})",
+                        flush=True,
+                    )
+    print(f"\nSmart SSD selectivity sweep, profile {args.profile}, {args.rows:,} rows per table, host threads {args.threads}")
+    print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto/best | link MB on | link MB off |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    worst = 0.0
+    for table, name, selectivity, t in results:
+        on, off, auto = t["on"]["wall_ms"], t["off"]["wall_ms"], t["auto"]["wall_ms"]
+        ratio = auto / min(on, off)
+        worst = max(worst, ratio)
+        print(
+            f"| {table} | {name} | {selectivity:g}% | {on:.0f} | {off:.0f} | {auto:.0f} | {off / on:.2f} | {ratio:.2f} |"
+            f" {t['on']['bytes_over_link'] / 1e6:.1f} | {t['off']['bytes_over_link'] / 1e6:.1f} |"
+        )
+    ok = worst <= 1.10
+    print(f"\ntarget: auto never more than 10% slower than the better of on and off: worst auto/best {worst:.2f}: {'met' if ok else 'NOT met'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([
+            {"table": t, "query": n, "selectivity_pct": s, **{m: {"wall_ms": v["wall_ms"], "bytes_over_link": v["bytes_over_link"]} for m, v in r.items()}}
+            for t, n, s, r in results
+        ], indent=2))
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="bench", required=True)
+    q6 = sub.add_parser("q6", help="TPC-H Q6 link bytes and time, pushdown vs passthrough")
+    q6.add_argument("--warehouse", required=True)
+    q6.add_argument("--sf", type=float, default=10)
+    q6.add_argument("--link-mbps", type=float, default=125)
+    sel = sub.add_parser("selectivity", help="the Smart SSD selectivity sweep")
+    sel.add_argument("--warehouse", required=True)
+    sel.add_argument("--rows", type=int, default=4_000_000)
+    sel.add_argument("--columns", type=int, nargs="+", default=[64, 4])
+    sel.add_argument("--selectivities", type=float, nargs="+", default=[0.1, 1, 10, 100])
+    sel.add_argument("--queries", nargs="+", default=["select *", "select col2", "avg(col2)"])
+    sel.add_argument("--profile", default="smartssd-2013")
+    sel.add_argument("--json")
+    for p in (q6, sel):
+        p.add_argument("--repeat", type=int, default=3)
+        p.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    return bench_q6(args) if args.bench == "q6" else bench_selectivity(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
