@@ -28,7 +28,8 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::ExecutionPlan;
-use quarry_storage::{Calibration, NodeDescription, ScanLeafExec, encode_fragment};
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use quarry_storage::{Calibration, NodeDescription, ScanLeafExec, check_shippable};
 
 use crate::scan::{FragmentExec, FragmentPartition, leaves};
 
@@ -98,19 +99,27 @@ impl fmt::Display for Placement {
 }
 
 /// The placement rule (see the module docs).
-#[derive(Debug)]
 pub struct PlacementRule {
     mode: PushdownMode,
     nodes: HashMap<String, NodeDescription>,
     host: Calibration,
     host_threads: usize,
+    /// Functions to decode fragments with, as a node does (see [`check_shippable`]).
+    decode_ctx: Arc<TaskContext>,
+}
+
+impl std::fmt::Debug for PlacementRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PlacementRule").field("mode", &self.mode).field("nodes", &self.nodes.keys()).finish()
+    }
 }
 
 impl PlacementRule {
     /// A rule deciding by `mode`, knowing the `nodes`, with the host's own rates and threads.
     pub fn new(mode: PushdownMode, nodes: Vec<NodeDescription>, host: Calibration, host_threads: usize) -> Self {
         let nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
-        PlacementRule { mode, nodes, host, host_threads: host_threads.max(1) }
+        let decode_ctx = SessionStateBuilder::new().with_default_features().build().task_ctx();
+        PlacementRule { mode, nodes, host, host_threads: host_threads.max(1), decode_ctx }
     }
 
     fn visit(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
@@ -153,7 +162,7 @@ impl PlacementRule {
     fn try_push(&self, plan: &Arc<dyn ExecutionPlan>, fragment: &FragmentExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let root = Arc::clone(plan).with_new_children(vec![Arc::clone(fragment.root())])?;
         // Only what the wire format can carry is pushed (e.g. not a subquery expression).
-        if encode_fragment(Arc::clone(&root)).is_err() {
+        if check_shippable(&root, &self.decode_ctx).is_err() {
             return Ok(None);
         }
         let placement = self.decide(plan.name(), &root, fragment.root(), fragment.partitions(), plan);
@@ -176,7 +185,7 @@ impl PlacementRule {
             return Ok(Transformed::no(Arc::clone(plan)));
         };
         let root = Arc::clone(plan).with_new_children(vec![Arc::clone(left.root()), Arc::clone(right.root())])?;
-        if encode_fragment(Arc::clone(&root)).is_err() {
+        if check_shippable(&root, &self.decode_ctx).is_err() {
             return Ok(Transformed::no(Arc::clone(plan)));
         }
         let partitions = vec![partition];

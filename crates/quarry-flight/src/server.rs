@@ -83,9 +83,8 @@ pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready:
         None => None,
     };
     on_ready(address, metrics_address);
-    let service = FlightServiceServer::with_interceptor(NodeService::new(node), TokenCheck::new(options.token))
-        .max_decoding_message_size(256 << 20)
-        .max_encoding_message_size(256 << 20);
+    let server = FlightServiceServer::new(NodeService::new(node)).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
+    let service = tonic::codegen::InterceptedService::new(server, TokenCheck::new(options.token));
     Server::builder()
         .add_service(service)
         .serve_with_incoming(TcpIncoming::from(listener))

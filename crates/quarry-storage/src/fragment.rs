@@ -17,12 +17,13 @@ use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+#[allow(deprecated)]
 use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
-use datafusion::physical_plan::joins::utils::JoinSide;
+use datafusion::common::JoinSide;
 use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -189,6 +190,24 @@ pub fn decode_fragment(fragment: &Fragment, ctx: &TaskContext, resolve: LeafReso
     Ok(decoded)
 }
 
+/// Checks that `plan` survives the trip to a node: it encodes, decodes (some expressions encode
+/// but cannot be decoded alone, e.g. a scalar subquery's), and passes [`validate_fragment`]. The
+/// host pushes only such plans, so a node never rejects what the host chose to send it.
+pub fn check_shippable(plan: &Arc<dyn ExecutionPlan>, ctx: &TaskContext) -> Result<()> {
+    let fragment = encode_fragment(Arc::clone(plan))?;
+    let mut schemas: Vec<(ScanLeaf, SchemaRef)> = Vec::new();
+    plan.apply(|node| {
+        if let Some(leaf) = node.downcast_ref::<ScanLeafExec>() {
+            schemas.push((leaf.leaf.clone(), Arc::clone(&leaf.schema)));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let resolve: LeafResolver = Arc::new(move |leaf: &ScanLeaf| {
+        schemas.iter().find(|(l, _)| l == leaf).map(|(_, schema)| Arc::clone(schema)).ok_or_else(|| plan_datafusion_err!("unknown leaf"))
+    });
+    decode_fragment(&fragment, ctx, resolve).map(|_| ())
+}
+
 /// A node runs only operators it knows, each over columns that exist in its input with the
 /// names the fragment claims: anything else is rejected before a byte is read.
 pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
@@ -227,14 +246,14 @@ pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
         if *aggregate.mode() != AggregateMode::Partial {
             return plan_err!("fragment: only partial aggregation runs in storage");
         }
-        check_plan_columns(plan, &single_input()?)?;
+        check_plan_columns(plan, single_input()?.as_ref())?;
     } else if let Some(sort) = any.downcast_ref::<SortExec>() {
         if sort.fetch().is_none() {
             return plan_err!("fragment: only top-k sorts (with a limit) run in storage");
         }
-        check_plan_columns(plan, &single_input()?)?;
+        check_plan_columns(plan, single_input()?.as_ref())?;
     } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<CoalesceBatchesExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() {
-        check_plan_columns(plan, &single_input()?)?;
+        check_plan_columns(plan, single_input()?.as_ref())?;
     } else {
         return plan_err!("fragment: operator {} is not run in storage", plan.name());
     }

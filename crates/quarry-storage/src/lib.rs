@@ -15,7 +15,7 @@ pub mod profile;
 
 pub use api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};
-pub use fragment::{ScanLeafExec, decode_fragment, encode_fragment, validate_fragment};
+pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragment, validate_fragment};
 pub use grace_join::GraceHashJoinExec;
 pub use local::{CALIBRATION_FILE, LocalStorageNode};
 pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size};

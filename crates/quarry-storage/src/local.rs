@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, StorageNode, TableInfo, batch_wire_bytes};
-use crate::catalog::{SegmentStatistics, bytes_scanned, check_segment_file, scan_schema, select_segments, table_error, table_info};
+use crate::catalog::{SegmentStatistics, check_segment_file, plan_metric_sum, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::grace_join::GraceHashJoinExec;
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, ThrottledStore, thread_cpu_ns};
@@ -188,7 +188,7 @@ impl LocalStorageNode {
 
     /// Replaces the fragment's leaves by scans of this node's files and its joins by Grace hash
     /// joins within the device memory.
-    fn bind<'a>(&'a self, plan: Arc<dyn ExecutionPlan>, stats: &'a mut ScanStats, spill: &'a mut Vec<Arc<GraceHashJoinExec>>) -> BoxFuture<'a, Result<Arc<dyn ExecutionPlan>>> {
+    fn bind<'a>(&'a self, plan: Arc<dyn ExecutionPlan>, stats: &'a mut ScanStats) -> BoxFuture<'a, Result<Arc<dyn ExecutionPlan>>> {
         async move {
             if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
                 return self.bind_leaf(leaf, None, stats).await;
@@ -201,16 +201,14 @@ impl LocalStorageNode {
             }
             let mut children = Vec::new();
             for child in plan.children() {
-                children.push(self.bind(Arc::clone(child), stats, spill).await?);
+                children.push(self.bind(Arc::clone(child), stats).await?);
             }
             let plan = plan.with_new_children(children)?;
             if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
                 let budget = (self.profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY) / 2) as usize;
                 let dir = self.warehouse.root().join(SPILL_DIR);
                 std::fs::create_dir_all(&dir).map_err(|e| DataFusionError::Execution(format!("creating {}: {e}", dir.display())))?;
-                let grace = Arc::new(GraceHashJoinExec::try_from_hash_join(join, budget, dir)?);
-                spill.push(Arc::clone(&grace));
-                return Ok(grace);
+                return Ok(Arc::new(GraceHashJoinExec::try_from_hash_join(join, budget, dir)?));
             }
             Ok(plan)
         }
@@ -319,9 +317,9 @@ impl StorageNode for LocalStorageNode {
         })?;
         let passthrough = decoded.is::<ScanLeafExec>();
         let mut stats = ScanStats { queued_ns, ..Default::default() };
-        let mut joins = Vec::new();
-        let bound = self.bind(decoded, &mut stats, &mut joins).await?;
+        let bound = self.bind(decoded, &mut stats).await?;
         let plan = self.optimize(bound)?;
+        if std::env::var_os("QUARRY_DEBUG_NODE_PLAN").is_some() { eprintln!("{}", datafusion::physical_plan::displayable(plan.as_ref()).indent(true)); }
         counters.fragments_started.fetch_add(1, Ordering::Relaxed);
         counters.rows_scanned.fetch_add(stats.rows_scanned, Ordering::Relaxed);
 
@@ -343,7 +341,6 @@ impl StorageNode for LocalStorageNode {
             _session: session,
             link: self.link.clone(),
             plan,
-            joins,
             stats,
             cpu,
             started,
@@ -426,7 +423,6 @@ struct FragmentRun {
     _session: OwnedSemaphorePermit,
     link: Option<Arc<BandwidthLimiter>>,
     plan: Arc<dyn ExecutionPlan>,
-    joins: Vec<Arc<GraceHashJoinExec>>,
     stats: ScanStats,
     cpu: Arc<WorkerTimes>,
     started: Instant,
@@ -462,11 +458,11 @@ impl FragmentRun {
 
     fn final_stats(&mut self) -> ScanStats {
         let mut stats = std::mem::take(&mut self.stats);
-        stats.bytes_read = bytes_scanned(self.plan.as_ref());
+        stats.bytes_read = plan_metric_sum(self.plan.as_ref(), &|m| m.sum_by_name("bytes_scanned").map(|v| v.as_usize()));
         stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
         stats.device_cpu_ns = self.cpu.cpu_ns.load(Ordering::Relaxed);
         stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);
-        stats.spilled_bytes = self.joins.iter().map(|j| j.spilled_bytes() as u64).sum();
+        stats.spilled_bytes = plan_metric_sum(self.plan.as_ref(), &|m| m.spilled_bytes());
         operator_stats(self.plan.as_ref(), &mut stats.operators);
         let c = &self.counters;
         c.rows_returned.fetch_add(stats.rows_returned, Ordering::Relaxed);

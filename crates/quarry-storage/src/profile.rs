@@ -95,8 +95,8 @@ impl DeviceProfile {
         if self.device_threads == Some(0) || self.max_sessions == Some(0) {
             return Err("device_threads and max_sessions must be at least 1".into());
         }
-        if self.device_memory.is_some_and(|m| m < 1 << 20) {
-            return Err("device_memory must be at least 1MB".into());
+        if self.device_memory.is_some_and(|m| m < 64 << 10) {
+            return Err("device_memory must be at least 64KiB".into());
         }
         Ok(())
     }
