@@ -83,6 +83,10 @@ def bench_selectivity(args) -> int:
     warehouse = Path(args.warehouse)
     tables = [f"synthetic{c}" for c in args.columns]
     ensure_tables(warehouse, [["synthetic", "--columns", str(c), "--rows", str(args.rows)] for c in args.columns], tables)
+    if not (warehouse / ".calibration.json").exists():
+        # The node's cost rates (read by auto's cost model) come from this machine.
+        print("calibrating: quarry calibrate", flush=True)
+        print(q.run_quarry(["calibrate"], warehouse).stdout)
     queries = {
         # The paper's regular SSD ships whole pages to the host: the selection of whole tuples is
         # the query whose passthrough moves what the paper's baseline moved.

@@ -125,3 +125,65 @@ def test_grace_join_in_storage_within_device_memory(tpch_warehouse, tmp_path):
     assert detail["device"]["spilled_bytes"] > 0, detail["device"]
     # Only the partial aggregate's row(s) cross the link.
     assert detail["bytes_over_link"] < 10_000, detail["bytes_over_link"]
+
+
+def test_disconnected_client_frees_its_session(tpch_warehouse):
+    """With one session slot, a client killed mid-query must give its grant back: the next query
+    runs instead of queueing forever."""
+    with q.StorageNodes([tpch_warehouse], ["--max-sessions", "1", "--link-mbps", "1"]) as node:
+        slow = subprocess.Popen(
+            [q.quarry_bin(), "--warehouse", "/nonexistent-warehouse", "sql", "SELECT * FROM lineitem",
+             "--nodes", node.arg, "--pushdown", "off", "--threads", "1", "--format", "none"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        time.sleep(1.5)
+        assert slow.poll() is None, "the slow query ended early"
+        slow.kill()
+        slow.wait()
+        started = time.monotonic()
+        proc = _sql(node.arg, "SELECT count(*) FROM region", "--format", "csv", "--threads", "1", timeout=60)
+        assert proc.stdout.strip().splitlines()[-1] == "5"
+        assert time.monotonic() - started < 20
+
+
+def test_top_k_and_partial_aggregate_run_on_the_nodes(tmp_path, quarry_bin, test_sf):
+    """A single-table top-k and a grouped aggregate over a table spread on two nodes: each node
+    returns its own top k / partial groups, the host merges them; equal to DuckDB."""
+    root = tmp_path / "nodes"
+    warehouses = [root / "a", root / "b"]
+    with q.StorageNodes(warehouses) as nodes:
+        q.run_quarry(["gen", "tpch", "--sf", str(test_sf), "--segment-rows", "40000", "--nodes", nodes.arg], root / "staging")
+        con = q.duckdb_connect(warehouses, threads=2)
+        cases = {
+            "SELECT l_orderkey, l_linenumber, l_extendedprice FROM lineitem ORDER BY l_extendedprice DESC, l_orderkey, l_linenumber LIMIT 7": "SortExec",
+            "SELECT l_returnflag, l_linestatus, count(*), sum(l_quantity) FROM lineitem GROUP BY 1, 2 ORDER BY 1, 2": "AggregateExec",
+        }
+        for sql, operator in cases.items():
+            out, stats = tmp_path / "out.parquet", tmp_path / "stats.json"
+            _sql(nodes.arg, sql, "--pushdown", "on", "--format", "parquet", "--output", out, "--stats", stats)
+            cmp = q.compare_query_results(sql, q.read_parquet_result(out), q.duckdb_result(con, sql))
+            assert cmp, f"{sql}\n{cmp}"
+            detail = json.loads(stats.read_text())
+            # Each node sent only its top k rows or its partial groups.
+            fragments = [op for op in detail["operators"] if op["operator"] == "FragmentExec"]
+            assert sum(op["rows_out"] for op in fragments) < 100, fragments
+            explain = _sql(nodes.arg, "EXPLAIN " + sql, "--pushdown", "on").stdout
+            storage_side = [line.split("storage side:", 1)[1] for line in explain.splitlines() if "storage side:" in line]
+            assert any(operator in side for side in storage_side), explain
+        con.close()
+
+
+def test_load_to_nodes_and_a_failed_load_changes_nothing(tmp_path):
+    good = tmp_path / "good.csv"
+    good.write_text("id,amount\n" + "".join(f"{i},{i * 1.5}\n" for i in range(1000)))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,amount\n1,2.5\n2,oops\n")
+    with q.StorageNodes([tmp_path / "a", tmp_path / "b"]) as nodes:
+        q.run_quarry(["load", "t", good, "--nodes", nodes.arg], tmp_path / "staging")
+        count = "SELECT count(*), sum(id) FROM t"
+        assert _sql(nodes.arg, count, "--format", "csv").stdout.strip().splitlines()[-1] == "1000,499500"
+        failed = q.run_quarry(["load", "t", bad, "--append", "--nodes", nodes.arg], tmp_path / "staging", check=False)
+        assert failed.returncode != 0
+        assert "bad.csv:3" in failed.stderr, failed.stderr
+        assert_no_panic(failed.stderr)
+        assert _sql(nodes.arg, count, "--format", "csv").stdout.strip().splitlines()[-1] == "1000,499500"

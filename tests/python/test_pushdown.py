@@ -24,7 +24,7 @@ IDS = [f"{suite}-{p.stem}" for suite, p in QUERIES]
 SEGMENT_ROWS = 40_000
 
 # Operators that run on a node only when pushed down (passthrough only scans).
-PUSHDOWN_OPERATORS = {"FilterExec", "AggregateExec", "HashJoinExec", "GraceHashJoinExec", "SortExec"}
+PUSHDOWN_OPERATORS = {"FilterExec", "AggregateExec", "HashJoinExec", "GraceHashJoinExec", "SortExec", "SortExec(TopK)"}
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,12 @@ def test_pushdown_cuts_link_bytes(three_nodes, tmp_path):
     for pushdown in ("on", "off"):
         stats = tmp_path / f"q6-{pushdown}.json"
         _run(urls, path, pushdown, tmp_path, stats)
-        link[pushdown] = json.loads(stats.read_text())["bytes_over_link"]
+        detail = json.loads(stats.read_text())
+        link[pushdown] = detail["bytes_over_link"]
+        for op in detail["operators"]:
+            assert {"side", "rows_in", "rows_out", "bytes_out", "compute_ms"} <= op.keys(), op
+        # The node reports its operators: its scan read rows that its own filter then reduced.
+        scan_rows = sum(op["rows_out"] for op in detail["operators"] if op["side"] == "storage" and op["operator"] == "DataSourceExec")
+        assert scan_rows > 0, detail["operators"]
     assert link["off"] > 1_000_000, link
     assert link["on"] * 100 <= link["off"], link

@@ -50,7 +50,13 @@ pub struct LoadArgs {
 
 pub fn run(target: &Target, args: LoadArgs, threads: usize) -> CliResult {
     let append = args.append;
-    target.write_tables(threads, append, |warehouse| load(warehouse, args, threads))
+    target.write_tables(threads, append, |warehouse| {
+        // Appending to a table on nodes: parse with the table's own types, as locally.
+        if append && target.is_remote() {
+            target.stage_remote_schema(warehouse, &args.table.to_lowercase(), threads)?;
+        }
+        load(warehouse, args, threads)
+    })
 }
 
 fn load(warehouse: &Path, mut args: LoadArgs, threads: usize) -> CliResult {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, user_message};
 use quarry_flight::{RemoteStorageNode, read_token_file, upload_table};
 use quarry_storage::{DeviceProfile, LocalStorageNode, StorageNode};
-use quarry_table::Warehouse;
+use quarry_table::manifest::storage_schema;
+use quarry_table::{SegmentOptions, Warehouse, WriteMode};
 
 use crate::CliResult;
 
@@ -78,6 +79,25 @@ impl Target {
             }
             Ok(())
         })
+    }
+
+    /// Creates `table` in the staging warehouse, empty, with the columns it has on the nodes (if
+    /// any node has it), so that data staged for an append is parsed with the table's types.
+    pub fn stage_remote_schema(&self, staging: &Path, table: &str, threads: usize) -> CliResult {
+        let info = crate::with_runtime(threads, async {
+            for node in self.remote_nodes().await? {
+                if node.list_tables().await.map_err(|e| user_message(&e))?.iter().any(|t| t == table) {
+                    return Ok(Some(node.table_info(table).await.map_err(|e| user_message(&e))?));
+                }
+            }
+            Ok(None)
+        })?;
+        let Some(info) = info else { return Ok(()) };
+        let warehouse = Warehouse::open(staging).map_err(|e| e.to_string())?;
+        let schema = storage_schema(&info.schema);
+        let writer = warehouse.begin_write(table, &schema, WriteMode::Replace, SegmentOptions::default(), Vec::new()).map_err(|e| e.to_string())?;
+        writer.commit(Vec::new(), Vec::new()).map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     /// A SQL session over the target's nodes.

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use datafusion::physical_plan::ExecutionPlan;
 use serde::Serialize;
 
+use quarry_storage::operator_io;
+
 use crate::scan::{FragmentExec, metric};
 
 /// Where an operator ran.
@@ -28,8 +30,12 @@ pub struct OperatorStats {
     /// Table read, for scans.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
+    /// Rows its inputs produced (for a fragment: the rows its node scanned).
+    pub rows_in: u64,
     /// Rows it produced.
     pub rows_out: u64,
+    /// Bytes of the batches it produced (for a fragment: what crossed the link).
+    pub bytes_out: u64,
     /// CPU time it reported, milliseconds (node-side time for scans).
     pub compute_ms: f64,
     /// Bytes read from storage, for scans.
@@ -90,8 +96,7 @@ impl QueryStats {
 fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
     let metrics = plan.metrics();
     let sum = |name: &str| metrics.as_ref().and_then(|m| m.sum_by_name(name)).map_or(0, |v| v.as_usize() as u64);
-    let rows_out = metrics.as_ref().and_then(|m| m.output_rows()).unwrap_or(0) as u64;
-    let compute_ns = metrics.as_ref().and_then(|m| m.elapsed_compute()).unwrap_or(0) as u64;
+    let io = operator_io(plan);
     match plan.downcast_ref::<FragmentExec>() {
         Some(fragment) => {
             let node_ns = sum(metric::NODE_TIME_NS);
@@ -109,7 +114,9 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 operator: plan.name().to_string(),
                 side: Side::Storage,
                 table: Some(fragment.tables().join(",")),
-                rows_out,
+                rows_in: sum(metric::ROWS_SCANNED),
+                rows_out: io.rows_out,
+                bytes_out: sum(metric::BYTES_OVER_LINK),
                 compute_ms: node_ns as f64 / 1e6,
                 bytes_read_storage: sum(metric::BYTES_READ_STORAGE),
                 bytes_over_link: sum(metric::BYTES_OVER_LINK),
@@ -120,7 +127,9 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                     operator: op.name,
                     side: Side::Storage,
                     table: None,
+                    rows_in: op.rows_in,
                     rows_out: op.rows_out,
+                    bytes_out: op.bytes_out,
                     compute_ms: op.elapsed_ns as f64 / 1e6,
                     bytes_read_storage: 0,
                     bytes_over_link: 0,
@@ -128,13 +137,15 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
             }
         }
         None => {
-            stats.host_cpu_ms += compute_ns as f64 / 1e6;
+            stats.host_cpu_ms += io.elapsed_ns as f64 / 1e6;
             stats.operators.push(OperatorStats {
                 operator: plan.name().to_string(),
                 side: Side::Host,
                 table: None,
-                rows_out,
-                compute_ms: compute_ns as f64 / 1e6,
+                rows_in: io.rows_in,
+                rows_out: io.rows_out,
+                bytes_out: io.bytes_out,
+                compute_ms: io.elapsed_ns as f64 / 1e6,
                 bytes_read_storage: 0,
                 bytes_over_link: 0,
             });

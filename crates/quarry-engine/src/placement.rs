@@ -274,7 +274,16 @@ impl PlacementRule {
 
 impl PhysicalOptimizerRule for PlacementRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(plan.transform_up(|node| self.visit(node))?.data)
+        let plan = plan.transform_up(|node| self.visit(node))?.data;
+        if self.mode == PushdownMode::Off {
+            return Ok(plan);
+        }
+        // Join filters (the semi-join reduction) may go to the nodes, except in passthrough.
+        let accepting = plan.transform_up(|node| match node.downcast_ref::<FragmentExec>() {
+            Some(fragment) => Ok(Transformed::yes(Arc::new(fragment.accepting_join_filters()?) as Arc<dyn ExecutionPlan>)),
+            None => Ok(Transformed::no(node)),
+        })?;
+        Ok(accepting.data)
     }
 
     fn name(&self) -> &str {

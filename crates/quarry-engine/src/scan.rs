@@ -14,7 +14,13 @@ use std::sync::{Arc, Mutex};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Statistics, internal_err};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::{ScalarValue, Statistics, internal_err};
+use datafusion::physical_expr::expressions::Literal;
+use datafusion::physical_expr::{conjunction, conjunction_opt, split_conjunction};
+use datafusion::physical_expr_common::physical_expr::{snapshot_physical_expr, snapshot_physical_expr_opt};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::filter_pushdown::{ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
@@ -67,6 +73,14 @@ pub struct FragmentExec {
     root: Arc<dyn ExecutionPlan>,
     partitions: Vec<FragmentPartition>,
     placement: Option<Placement>,
+    /// Whether the node may apply join filters (never in passthrough: `--pushdown off`).
+    accepts_join_filters: bool,
+    /// Join filters: the key bounds and key set of a hash join whose probe side this fragment
+    /// is (DataFusion's dynamic filters), applied on the node so that rows without a join
+    /// partner never cross the link (the semi-join reduction of Kim 2015 and Exadata's join
+    /// offload). The join fills them once its build side is complete; each partition takes a
+    /// snapshot when it starts, which is after the build side (the join polls it first).
+    join_filters: Vec<Arc<dyn PhysicalExpr>>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     node_stats: Arc<Mutex<ScanStats>>,
@@ -90,6 +104,8 @@ impl FragmentExec {
             root,
             partitions,
             placement: None,
+            accepts_join_filters: false,
+            join_filters: Vec::new(),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(ScanStats::default())),
@@ -100,6 +116,16 @@ impl FragmentExec {
     pub fn with_root(&self, root: Arc<dyn ExecutionPlan>, placement: Option<Placement>) -> Result<Self> {
         let mut fragment = FragmentExec::try_new(root, self.partitions.clone())?;
         fragment.placement = placement;
+        fragment.accepts_join_filters = self.accepts_join_filters;
+        fragment.join_filters = self.join_filters.clone();
+        Ok(fragment)
+    }
+
+    /// The same fragment, allowed to take join filters (the placement rule allows it unless
+    /// `--pushdown off`).
+    pub fn accepting_join_filters(&self) -> Result<Self> {
+        let mut fragment = self.with_root(Arc::clone(&self.root), self.placement.clone())?;
+        fragment.accepts_join_filters = true;
         Ok(fragment)
     }
 
@@ -142,6 +168,34 @@ impl FragmentExec {
     }
 }
 
+/// `root` with the current state of `join_filters` applied on top (merged into a filter that sits
+/// directly on a leaf, so the node prunes segments with it too). Parts of a filter that cannot
+/// travel (a hash table lookup) are left out.
+fn with_join_filters(root: Arc<dyn ExecutionPlan>, join_filters: &[Arc<dyn PhysicalExpr>]) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut conjuncts = Vec::new();
+    for filter in join_filters {
+        let snapshot = snapshot_physical_expr(Arc::clone(filter))?;
+        conjuncts.extend(split_conjunction(&snapshot).into_iter().filter(|c| !is_true(c)).cloned());
+    }
+    let shippable: Vec<_> = conjuncts
+        .into_iter()
+        .filter(|c| FilterExec::try_new(Arc::clone(c), Arc::clone(&root)).is_ok_and(|f| encode_fragment(Arc::new(f)).is_ok()))
+        .collect();
+    let Some(predicate) = conjunction_opt(shippable) else { return Ok(root) };
+    if let Some(filter) = root.downcast_ref::<FilterExec>()
+        && filter.projection().is_none()
+        && filter.input().is::<ScanLeafExec>()
+    {
+        let merged = conjunction([Arc::clone(filter.predicate()), predicate]);
+        return Ok(Arc::new(FilterExec::try_new(merged, Arc::clone(filter.input()))?));
+    }
+    Ok(Arc::new(FilterExec::try_new(predicate, root)?))
+}
+
+fn is_true(expr: &Arc<dyn PhysicalExpr>) -> bool {
+    expr.downcast_ref::<Literal>().is_some_and(|l| l.value() == &ScalarValue::Boolean(Some(true)))
+}
+
 /// The leaves of a fragment plan, in plan order.
 pub fn leaves(root: &Arc<dyn ExecutionPlan>) -> Vec<ScanLeafExec> {
     let mut out = Vec::new();
@@ -162,6 +216,9 @@ impl DisplayAs for FragmentExec {
         let segments: usize = self.partitions.iter().flat_map(|p| p.leaves.iter().map(|(_, s)| s.len())).sum();
         let mode = if self.is_passthrough() { "passthrough" } else { "pushdown" };
         write!(f, "FragmentExec: {mode}, nodes=[{}], partitions={}, segments={segments}", nodes.join(", "), self.partitions.len())?;
+        if !self.join_filters.is_empty() {
+            write!(f, ", join filters={}", self.join_filters.len())?;
+        }
         if let Some(placement) = &self.placement {
             write!(f, ", {placement}")?;
         }
@@ -205,7 +262,8 @@ impl ExecutionPlan for FragmentExec {
         let Some(part) = self.partitions.get(partition) else {
             return internal_err!("FragmentExec has no partition {partition}");
         };
-        let fragment = encode_fragment(self.bind_partition(part)?)?;
+        let bound = self.bind_partition(part)?;
+        let join_filters = self.join_filters.clone();
         let counter = |name: &'static str| MetricBuilder::new(&self.metrics).counter(name, partition);
         let counters = FragmentCounters {
             output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
@@ -229,7 +287,14 @@ impl ExecutionPlan for FragmentExec {
             node_stats: Arc::clone(&self.node_stats),
             finished: false,
         };
-        let response = futures::stream::once(async move { node.execute(fragment).await }).try_flatten().boxed();
+        let response = futures::stream::once(async move {
+            // Encoded at the first poll, not in `execute`: a join filter is complete only once
+            // the join has built its hash table, which it does before it polls this side.
+            let fragment = encode_fragment(with_join_filters(bound, &join_filters)?)?;
+            node.execute(fragment).await
+        })
+        .try_flatten()
+        .boxed();
         let batches = futures::stream::unfold(Some((response, checker)), |state| async move {
             let (mut response, mut checker) = state?;
             loop {
@@ -253,6 +318,34 @@ impl ExecutionPlan for FragmentExec {
             None => self.root.partition_statistics(None),
             Some(_) => Ok(Arc::new(Statistics::new_unknown(&self.schema()))),
         }
+    }
+
+    /// Accepts the dynamic filters of a hash join above (see `join_filters`). They are reported
+    /// as not pushed: the join applies its condition anyway, so a filter a node cannot use (or
+    /// one a snapshot cannot ship) costs only the bytes it would have saved.
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let filters = vec![PushedDown::No; child_pushdown_result.parent_filters.len()];
+        let propagation = FilterPushdownPropagation::with_parent_pushdown_result(filters);
+        if !self.accepts_join_filters || phase != FilterPushdownPhase::Post {
+            return Ok(propagation);
+        }
+        let dynamic: Vec<Arc<dyn PhysicalExpr>> = child_pushdown_result
+            .parent_filters
+            .iter()
+            .map(|f| Arc::clone(&f.filter))
+            .filter(|f| snapshot_physical_expr_opt(Arc::clone(f)).is_ok_and(|snapshot| snapshot.transformed))
+            .collect();
+        if dynamic.is_empty() {
+            return Ok(propagation);
+        }
+        let mut fragment = self.with_root(Arc::clone(&self.root), self.placement.clone())?;
+        fragment.join_filters.extend(dynamic);
+        Ok(propagation.with_updated_node(Arc::new(fragment)))
     }
 
     fn supports_limit_pushdown(&self) -> bool {

@@ -137,8 +137,14 @@ pub struct ScanStats {
 pub struct NodeOperatorStats {
     /// Operator name, e.g. `FilterExec`.
     pub name: String,
+    /// Rows its inputs produced.
+    #[serde(default)]
+    pub rows_in: u64,
     /// Rows the operator produced.
     pub rows_out: u64,
+    /// Bytes of the batches it produced.
+    #[serde(default)]
+    pub bytes_out: u64,
     /// Time DataFusion attributes to the operator, nanoseconds.
     pub elapsed_ns: u64,
 }
@@ -161,7 +167,9 @@ impl ScanStats {
         for op in &other.operators {
             match self.operators.iter_mut().find(|o| o.name == op.name) {
                 Some(mine) => {
+                    mine.rows_in += op.rows_in;
                     mine.rows_out += op.rows_out;
+                    mine.bytes_out += op.bytes_out;
                     mine.elapsed_ns += op.elapsed_ns;
                 }
                 None => self.operators.push(op.clone()),

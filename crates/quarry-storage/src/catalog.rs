@@ -10,8 +10,6 @@ use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::stats::Precision;
 use datafusion::common::{Column, ColumnStatistics, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::metrics::MetricsSet;
 use quarry_table::{SegmentMeta, TableError, TableSnapshot};
 
 use crate::api::{SegmentInfo, TableInfo};
@@ -117,13 +115,6 @@ pub fn check_segment_file(snapshot: &TableSnapshot, segment: &SegmentMeta) -> Re
         Err(e) => e.to_string(),
     };
     Err(DataFusionError::External(Box::new(TableError::CorruptSegment { path, reason })))
-}
-
-/// A metric summed over all operators of an executed plan; `metric` reads it from one
-/// operator's metrics (e.g. the `bytes_scanned` of Parquet scans, or spilled bytes).
-pub fn plan_metric_sum(plan: &dyn ExecutionPlan, metric: &dyn Fn(&MetricsSet) -> Option<usize>) -> u64 {
-    let own = plan.metrics().and_then(|m| metric(&m)).unwrap_or(0) as u64;
-    own + plan.children().iter().map(|c| plan_metric_sum(c.as_ref(), metric)).sum::<u64>()
 }
 
 /// Manifest statistics of segments, in the form DataFusion's pruning predicate evaluates.

@@ -11,11 +11,13 @@ pub mod catalog;
 pub mod fragment;
 pub mod grace_join;
 pub mod local;
+pub mod plan_metrics;
 pub mod profile;
 
 pub use api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};
 pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragment, validate_fragment};
 pub use grace_join::GraceHashJoinExec;
+pub use plan_metrics::{OperatorIo, operator_io, plan_metric_sum};
 pub use local::{CALIBRATION_FILE, LocalStorageNode};
 pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size};

@@ -45,8 +45,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, StorageNode, TableInfo, batch_wire_bytes};
-use crate::catalog::{SegmentStatistics, check_segment_file, plan_metric_sum, scan_schema, select_segments, table_error, table_info};
+use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
+use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, ThrottledStore, thread_cpu_ns};
 
@@ -480,14 +481,11 @@ impl Drop for FragmentRun {
     }
 }
 
-/// Rows out and time of each operator of the node's plan, top first.
+/// Rows and bytes in and out and time of each operator of the node's plan, top first.
 fn operator_stats(plan: &dyn ExecutionPlan, out: &mut Vec<NodeOperatorStats>) {
-    if let Some(metrics) = plan.metrics() {
-        out.push(NodeOperatorStats {
-            name: plan.name().to_string(),
-            rows_out: metrics.output_rows().unwrap_or(0) as u64,
-            elapsed_ns: metrics.elapsed_compute().unwrap_or(0) as u64,
-        });
+    if plan.metrics().is_some() {
+        let io = operator_io(plan);
+        out.push(NodeOperatorStats { name: plan.name().to_string(), rows_in: io.rows_in, rows_out: io.rows_out, bytes_out: io.bytes_out, elapsed_ns: io.elapsed_ns });
     }
     for child in plan.children() {
         operator_stats(child.as_ref(), out);
