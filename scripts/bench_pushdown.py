@@ -34,10 +34,11 @@ def run_query(urls: str, sql: str, pushdown: str, repeat: int, threads: int) -> 
     """Best-of-`repeat` stats of one query (after one warm-up run)."""
     best = None
     with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
-        stats_path = Path(tmp) / "stats.json"
+        stats_path, sql_path = Path(tmp) / "stats.json", Path(tmp) / "query.sql"
+        sql_path.write_text(sql)
         for i in range(repeat + 1):
             q.run_quarry(
-                ["sql", sql, "--nodes", urls, "--pushdown", pushdown, "--threads", threads, "--format", "none", "--stats", stats_path],
+                ["sql", "-f", sql_path, "--nodes", urls, "--pushdown", pushdown, "--threads", threads, "--format", "none", "--stats", stats_path],
                 Path(tmp) / "unused",
             )
             stats = json.loads(stats_path.read_text())
@@ -79,6 +80,14 @@ def bench_q6(args) -> int:
     return 0 if ok else 1
 
 
+def chosen(times: dict) -> str:
+    """Which plan auto ran, told by its link bytes (pushdown and passthrough differ in them)."""
+    link = {mode: times[mode]["bytes_over_link"] for mode in ("on", "off", "auto")}
+    if link["on"] == link["off"]:
+        return "either"
+    return "on" if abs(link["auto"] - link["on"]) < abs(link["auto"] - link["off"]) else "off"
+
+
 def bench_selectivity(args) -> int:
     warehouse = Path(args.warehouse)
     tables = [f"synthetic{c}" for c in args.columns]
@@ -113,15 +122,15 @@ def bench_selectivity(args) -> int:
                         flush=True,
                     )
     print(f"\nSmart SSD selectivity sweep, profile {args.profile}, {args.rows:,} rows per table, host threads {args.threads}")
-    print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto/best | link MB on | link MB off |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto chose | auto/best | link MB on | link MB off |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     worst = 0.0
     for table, name, selectivity, t in results:
         on, off, auto = t["on"]["wall_ms"], t["off"]["wall_ms"], t["auto"]["wall_ms"]
         ratio = auto / min(on, off)
         worst = max(worst, ratio)
         print(
-            f"| {table} | {name} | {selectivity:g}% | {on:.0f} | {off:.0f} | {auto:.0f} | {off / on:.2f} | {ratio:.2f} |"
+            f"| {table} | {name} | {selectivity:g}% | {on:.0f} | {off:.0f} | {auto:.0f} | {off / on:.2f} | {chosen(t)} | {ratio:.2f} |"
             f" {t['on']['bytes_over_link'] / 1e6:.1f} | {t['off']['bytes_over_link'] / 1e6:.1f} |"
         )
     ok = worst <= 1.10

@@ -27,8 +27,10 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::common::Statistics;
+use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs, StatisticsContext};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
+use quarry_table::segment::DATA_PAGE_ROWS;
 use quarry_storage::{Calibration, NodeDescription, ScanLeafExec, check_shippable};
 
 use crate::scan::{FragmentExec, FragmentPartition, leaves};
@@ -129,43 +131,55 @@ impl PlacementRule {
         if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
             return self.visit_join(&plan, join);
         }
-        let [child] = plan.children()[..] else { return Ok(Transformed::no(plan)) };
-        let Some(fragment) = child.downcast_ref::<FragmentExec>() else { return Ok(Transformed::no(plan)) };
-        let single = fragment.partitions().len() == 1;
-        let pushable = if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
-            *aggregate.mode() == AggregateMode::Partial
-        } else if let Some(sort) = plan.downcast_ref::<SortExec>() {
-            sort.fetch().is_some()
-        } else {
-            plan.is::<FilterExec>() || plan.is::<ProjectionExec>()
-        };
-        if !pushable {
+        if !can_run_on_node(plan.as_ref()) {
             return Ok(Transformed::no(plan));
         }
+        // The operators between `plan` and the fragment below stayed on the host because each
+        // alone did not pay off (a filter that keeps most rows); with `plan` on top (say, the
+        // partial aggregate that cuts the link's bytes to a row) they may: decide them together.
+        let mut chain = vec![Arc::clone(&plan)];
+        let mut below = match plan.children()[..] {
+            [child] => Arc::clone(child),
+            _ => return Ok(Transformed::no(plan)),
+        };
+        while !below.is::<FragmentExec>() {
+            let [next] = below.children()[..] else { return Ok(Transformed::no(plan)) };
+            if !(below.is::<FilterExec>() || below.is::<ProjectionExec>()) || chain.len() >= MAX_CHAIN {
+                return Ok(Transformed::no(plan));
+            }
+            let next = Arc::clone(next);
+            chain.push(below);
+            below = next;
+        }
+        let fragment = below.downcast_ref::<FragmentExec>().expect("the loop stops at a fragment");
         // A top-k over several partitions: each partition's top k on its node, merged on the host.
         if let Some(sort) = plan.downcast_ref::<SortExec>()
-            && !single
+            && fragment.partitions().len() > 1
             && !sort.preserve_partitioning()
         {
-            let per_partition: Arc<dyn ExecutionPlan> = Arc::new(sort.clone().with_preserve_partitioning(true));
-            let Some(pushed) = self.try_push(&per_partition, fragment)? else { return Ok(Transformed::no(plan)) };
+            chain[0] = Arc::new(sort.clone().with_preserve_partitioning(true));
+            let Some(pushed) = self.try_push(&chain, fragment)? else { return Ok(Transformed::no(plan)) };
             let merge = SortPreservingMergeExec::new(sort.expr().clone(), pushed).with_fetch(sort.fetch());
             return Ok(Transformed::yes(Arc::new(merge)));
         }
-        Ok(match self.try_push(&plan, fragment)? {
+        Ok(match self.try_push(&chain, fragment)? {
             Some(pushed) => Transformed::yes(pushed),
             None => Transformed::no(plan),
         })
     }
 
-    /// `plan` (one operator over `fragment`) moved into the fragment, if it should be.
-    fn try_push(&self, plan: &Arc<dyn ExecutionPlan>, fragment: &FragmentExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let root = Arc::clone(plan).with_new_children(vec![Arc::clone(fragment.root())])?;
+    /// `chain` (operators, top first, the last directly over `fragment`) moved into the
+    /// fragment, if it should be.
+    fn try_push(&self, chain: &[Arc<dyn ExecutionPlan>], fragment: &FragmentExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let mut root = Arc::clone(fragment.root());
+        for op in chain.iter().rev() {
+            root = Arc::clone(op).with_new_children(vec![root])?;
+        }
         // Only what the wire format can carry is pushed (e.g. not a subquery expression).
         if check_shippable(&root, &self.decode_ctx).is_err() {
             return Ok(None);
         }
-        let placement = self.decide(plan.name(), &root, fragment.root(), fragment.partitions(), plan);
+        let placement = self.decide(&root, fragment.root(), fragment.partitions(), chain);
         if !placement.pushed {
             return Ok(None);
         }
@@ -197,12 +211,13 @@ impl PlacementRule {
         Ok(Transformed::yes(Arc::new(fragment.with_root(Arc::clone(fragment.root()), Some(placement))?)))
     }
 
-    fn decide(&self, operator: &str, pushed: &Arc<dyn ExecutionPlan>, below: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition], op: &Arc<dyn ExecutionPlan>) -> Placement {
+    fn decide(&self, pushed: &Arc<dyn ExecutionPlan>, below: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition], chain: &[Arc<dyn ExecutionPlan>]) -> Placement {
         let on_node = self.fragment_cost(pushed, partitions);
         let base = self.fragment_cost(below, partitions);
-        let host_ns = rows(below) * op_ns_per_row(op.as_ref(), &self.host);
+        let host_ns: f64 = chain.iter().map(|op| op.children().first().map_or(0.0, |input| rows(input)) * op_ns_per_row(op.as_ref(), &self.host)).sum();
         let on_host = Prediction { link_bytes: base.link_bytes, seconds: base.seconds + host_ns / 1e9 / self.host_threads as f64 };
-        self.placement(operator.to_string(), on_node, on_host)
+        let names: Vec<&str> = chain.iter().map(|op| op.name()).collect();
+        self.placement(names.join(" + "), on_node, on_host)
     }
 
     fn decide_join(&self, root: &Arc<dyn ExecutionPlan>, left: &FragmentExec, right: &FragmentExec, partitions: &[FragmentPartition]) -> Placement {
@@ -226,17 +241,11 @@ impl PlacementRule {
     /// reading, computing and sending its share; nodes run in parallel.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
         let passthrough = root.is::<ScanLeafExec>();
-        let mut read_bytes = 0.0;
-        let mut decode_ns = 0.0;
-        for leaf in leaves(root) {
-            let stats = leaf.partition_statistics(None).ok();
-            let leaf_rows = stats.as_ref().and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64;
-            read_bytes += stats.as_ref().and_then(|s| s.total_byte_size.get_value().copied()).unwrap_or(0) as f64;
-            decode_ns += leaf_rows * row_width(&leaf.schema()) * self.host.decode_ns_per_byte;
-        }
-        // Late materialization: with a filter on the leaf, the other columns are decoded only
-        // for the rows that pass.
-        decode_ns *= late_materialization_share(root);
+        let read_bytes: f64 = leaves(root)
+            .iter()
+            .map(|leaf| plan_statistics(&(Arc::new(leaf.clone()) as Arc<dyn ExecutionPlan>)).and_then(|s| s.total_byte_size.get_value().copied()).unwrap_or(0) as f64)
+            .sum();
+        let decode_ns = decode_ns(root, &self.host);
         let mut op_ns = 0.0;
         root.apply(|plan| {
             if let [child] = plan.children()[..] {
@@ -264,8 +273,9 @@ impl PlacementRule {
                 let compute = (decode_ns + op_ns) * share * slowdown / threads / 1e9;
                 let read = profile.and_then(|p| p.read_mbps).map_or(0.0, |mbps| read_bytes * share / (mbps * 1e6));
                 let link = profile.and_then(|p| p.link_mbps).map_or(0.0, |mbps| link_bytes * share / (mbps * 1e6));
-                let transfer = link_bytes * share * self.host.transfer_ns_per_byte / 1e9;
-                compute.max(read).max(link) + transfer
+                // The host receives (decodes the IPC of) the batches while the node sends them.
+                let receive = link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9;
+                compute.max(read).max(link).max(receive)
             })
             .fold(0.0, f64::max);
         Prediction { link_bytes, seconds }
@@ -318,35 +328,71 @@ fn merge_on_one_node(fragments: &[&[FragmentPartition]]) -> Option<FragmentParti
     Some(FragmentPartition { node: Arc::clone(&first.node), leaves })
 }
 
-/// DataFusion's estimate of the rows a plan produces (0 when unknown).
-fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
-    plan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
+/// Most operators reconsidered together with the one above them (see `visit`).
+const MAX_CHAIN: usize = 4;
+
+/// Whether a node can run `plan` (given its input in the fragment).
+fn can_run_on_node(plan: &dyn ExecutionPlan) -> bool {
+    if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+        *aggregate.mode() == AggregateMode::Partial
+    } else if let Some(sort) = plan.downcast_ref::<SortExec>() {
+        sort.fetch().is_some()
+    } else {
+        plan.is::<FilterExec>() || plan.is::<ProjectionExec>()
+    }
 }
 
-/// The share of the leaf's decode work done when a filter sits directly on it: the filter's
-/// columns in full, the rest for the selected rows only.
-fn late_materialization_share(root: &Arc<dyn ExecutionPlan>) -> f64 {
-    let mut share = 1.0;
+/// DataFusion's estimate of what a plan produces, over all its partitions.
+pub fn plan_statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
+    StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()
+}
+
+/// DataFusion's estimate of the rows a plan produces (0 when unknown).
+fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
+    plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
+}
+
+/// Predicted CPU time of decoding the fragment's leaves, nanoseconds. A leaf under a filter is
+/// decoded with late materialization: the filter's columns in full, the other columns for the
+/// selected rows, and, in every page holding a selected row (rows taken as independent), the
+/// skipped values at a share of their decoding cost; plus a cost per run of selected rows per
+/// column (a selectivity `s` gives about `2 s (1 - s)` runs per row): between a few and all
+/// rows selected, the runs cost more than the rows they save.
+fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
+    let mut total = 0.0;
     root.apply(|plan| {
-        if let Some(filter) = plan.downcast_ref::<FilterExec>()
-            && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
-        {
-            let total = leaf.schema().fields().len().max(1) as f64;
+        let filtered_leaf = plan.downcast_ref::<FilterExec>().and_then(|f| f.input().downcast_ref::<ScanLeafExec>().map(|leaf| (f, leaf)));
+        if let Some((filter, leaf)) = filtered_leaf {
+            let schema = leaf.schema();
             let mut used = std::collections::HashSet::new();
-            let _ = filter.predicate().apply(|e| {
+            filter.predicate().apply(|e| {
                 if let Some(c) = e.downcast_ref::<datafusion::physical_plan::expressions::Column>() {
                     used.insert(c.index());
                 }
                 Ok(TreeNodeRecursion::Continue)
-            });
-            let selectivity = if rows(filter.input()) > 0.0 { (rows(plan) / rows(filter.input())).min(1.0) } else { 1.0 };
-            let filter_share = used.len() as f64 / total;
-            share = filter_share + (1.0 - filter_share) * selectivity;
+            })?;
+            let width = |keep: &dyn Fn(usize) -> bool| {
+                let fields: Vec<_> = schema.fields().iter().enumerate().filter(|(i, _)| keep(*i)).map(|(_, f)| f.as_ref().clone()).collect();
+                (row_width(&Schema::new(fields.clone())) * (!fields.is_empty() as u8 as f64), fields.len() as f64)
+            };
+            let (filter_width, _) = width(&|i| used.contains(&i));
+            let (other_width, other_columns) = width(&|i| !used.contains(&i));
+            let input = rows(filter.input());
+            let selectivity = if input > 0.0 { (rows(plan) / input).clamp(0.0, 1.0) } else { 1.0 };
+            let runs = 2.0 * input * selectivity * (1.0 - selectivity);
+            // A page with one selected row is read whole, its other values skipped at a cost.
+            let pages_read = 1.0 - (1.0 - selectivity).powf(DATA_PAGE_ROWS as f64);
+            let other_share = selectivity + (1.0 - selectivity) * pages_read * rates.skip_cost_share;
+            total += input * (filter_width + other_width * other_share) * rates.decode_ns_per_byte + runs * other_columns * rates.selection_ns_per_run;
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
+            total += rows(plan) * row_width(&leaf.schema()) * rates.decode_ns_per_byte;
         }
         Ok(TreeNodeRecursion::Continue)
     })
     .expect("visiting a plan cannot fail");
-    share
+    total
 }
 
 /// CPU cost per input row of an operator, from the calibration.

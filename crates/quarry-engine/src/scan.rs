@@ -315,7 +315,8 @@ impl ExecutionPlan for FragmentExec {
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         match partition {
-            None => self.root.partition_statistics(None),
+            // The node-side plan's estimate (a pushed filter or aggregate changes the rows).
+            None => Ok(crate::placement::plan_statistics(&self.root).unwrap_or_else(|| Arc::new(Statistics::new_unknown(&self.schema())))),
             Some(_) => Ok(Arc::new(Statistics::new_unknown(&self.schema()))),
         }
     }

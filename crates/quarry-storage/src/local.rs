@@ -49,7 +49,7 @@ use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
-use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, ThrottledStore, thread_cpu_ns};
+use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
 
 /// Default device memory when a profile sets none.
 const DEFAULT_DEVICE_MEMORY: u64 = 4 << 30;
@@ -373,6 +373,10 @@ struct WorkerTimes {
 /// profile each step holds one of the device's threads and, after it, pauses for the time the
 /// slower device CPU would have needed beyond ours.
 async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>) {
+    // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in sleeps of at
+    // least MIN_SLEEP, since a timer rounds each sleep up to its resolution (1 ms): paying
+    // every step's few microseconds separately would slow the device far below its profile.
+    let mut owed_ns: i64 = 0;
     loop {
         let permit = match &pacing {
             Some(p) => match Arc::clone(&p.threads).acquire_owned().await {
@@ -384,10 +388,14 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
         let (item, cpu_ns) = CpuTimed { inner: stream.next(), cpu_ns: 0 }.await;
         times.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
         if let Some(p) = &pacing {
-            let pause = Duration::from_nanos((cpu_ns as f64 * (p.slowdown - 1.0)) as u64);
-            if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
-                times.pause_ns.fetch_add(pause.as_nanos() as u64, Ordering::Relaxed);
+            owed_ns += (cpu_ns as f64 * (p.slowdown - 1.0)) as i64;
+            // The last step pays all that is owed, so the fragment's time includes it.
+            if owed_ns >= MIN_SLEEP.as_nanos() as i64 || (item.is_none() && owed_ns > 0) {
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_nanos(owed_ns as u64)).await;
+                let slept = started.elapsed().as_nanos() as i64;
+                owed_ns -= slept;
+                times.pause_ns.fetch_add(slept as u64, Ordering::Relaxed);
             }
         }
         drop::<Option<OwnedSemaphorePermit>>(permit);
