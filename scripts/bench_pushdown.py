@@ -105,7 +105,10 @@ def bench_selectivity(args) -> int:
     }
     queries = {k: v for k, v in queries.items() if k in args.queries}
     results = []
-    with q.StorageNodes([warehouse], ["--profile", args.profile] if args.profile else []) as node:
+    node_args = ["--profile", args.profile] if args.profile else []
+    if args.compute_slowdown is not None:
+        node_args += ["--compute-slowdown", str(args.compute_slowdown)]
+    with q.StorageNodes([warehouse], node_args) as node:
         for table in tables:
             for name, template in queries.items():
                 for selectivity in args.selectivities:
@@ -121,7 +124,8 @@ def bench_selectivity(args) -> int:
                         f"  auto {times['auto']['wall_ms']:>8.0f} ms  (auto/best {times['auto']['wall_ms'] / best:.2f})",
                         flush=True,
                     )
-    print(f"\nSmart SSD selectivity sweep, profile {args.profile}, {args.rows:,} rows per table, host threads {args.threads}")
+    override = "" if args.compute_slowdown is None else f" with compute_slowdown {args.compute_slowdown:g}"
+    print(f"\nSmart SSD selectivity sweep, profile {args.profile}{override}, {args.rows:,} rows per table, host threads {args.threads}")
     print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto chose | auto/best | link MB on | link MB off |")
     print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     worst = 0.0
@@ -157,6 +161,7 @@ def main() -> int:
     sel.add_argument("--selectivities", type=float, nargs="+", default=[0.1, 1, 10, 100])
     sel.add_argument("--queries", nargs="+", default=["select *", "select col2", "avg(col2)"])
     sel.add_argument("--profile", default="smartssd-2013")
+    sel.add_argument("--compute-slowdown", type=float, help="override the profile's compute slowdown (a what-if device CPU)")
     sel.add_argument("--json")
     for p in (q6, sel):
         p.add_argument("--repeat", type=int, default=3)

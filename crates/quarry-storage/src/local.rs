@@ -320,7 +320,6 @@ impl StorageNode for LocalStorageNode {
         let mut stats = ScanStats { queued_ns, ..Default::default() };
         let bound = self.bind(decoded, &mut stats).await?;
         let plan = self.optimize(bound)?;
-        if std::env::var_os("QUARRY_DEBUG_NODE_PLAN").is_some() { eprintln!("{}", datafusion::physical_plan::displayable(plan.as_ref()).indent(true)); }
         counters.fragments_started.fetch_add(1, Ordering::Relaxed);
         counters.rows_scanned.fetch_add(stats.rows_scanned, Ordering::Relaxed);
 
