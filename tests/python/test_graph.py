@@ -154,3 +154,35 @@ def test_memory_budget_holds_when_the_data_is_several_times_larger(quarry_bin, t
     rank = peak_rss_mib([quarry_bin, "--warehouse", warehouse, "--threads", "2", "graph", "pagerank", "big", "--iterations", "2", "--memory", "8MB"])
     assert gen <= idle + 8 + 12, f"gen: {gen:.0f} MiB peak vs {idle:.0f} MiB idle"
     assert rank <= idle + 8 + 12, f"pagerank: {rank:.0f} MiB peak vs {idle:.0f} MiB idle"
+
+
+def test_killed_run_leaves_no_scratch_files_and_no_partial_table(quarry_bin, tmp_path):
+    """kill -9 during a spilling PageRank: its scratch files stay until the next graph command,
+    which removes them; no result table appears; the next run completes."""
+    import os
+    import signal
+    import time
+
+    warehouse = tmp_path / "wh"
+    base = [quarry_bin, "--warehouse", str(warehouse), "--threads", "2", "graph"]
+    subprocess.run(base + ["gen", "kron", "big", "--scale", "16", "--memory", "4MB"], check=True, capture_output=True, timeout=300)
+    scratch = warehouse / ".graphs" / ".tmp"
+    run = subprocess.Popen(base + ["pagerank", "big", "--iterations", "1000", "--memory", "4MB"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (scratch.is_dir() and any(p.is_file() for p in scratch.rglob("*"))):
+            assert run.poll() is None, "the run ended before it wrote scratch files"
+            time.sleep(0.05)
+        assert any(p.is_file() for p in scratch.rglob("*")), "no scratch files seen"
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert any(scratch.rglob("*")), "a killed run's scratch files vanished by themselves"
+    subprocess.run(base + ["list"], check=True, capture_output=True, timeout=60)
+    assert not any(scratch.rglob("*")), f"leftovers after the next command: {list(scratch.rglob('*'))}"
+    assert not (warehouse / "big_pagerank").exists(), "a killed run left a result table"
+    subprocess.run(base + ["pagerank", "big", "--iterations", "2", "--memory", "4MB"], check=True, capture_output=True, timeout=300)
+    assert (warehouse / "big_pagerank" / "CURRENT").is_file()
+    assert not any(scratch.rglob("*"))
