@@ -14,7 +14,9 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use clap::{Args, Subcommand};
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use quarry_graph::algorithms::{PageRankOptions, UNREACHED, bfs, betweenness, connected_components, pagerank, sample_sources, sssp};
-use quarry_graph::{EngineConfig, Graph, GraphBuilder, ImportOptions, KroneckerParams, RunStats, generate_kronecker, import_edge_files};
+use quarry_graph::{
+    EngineConfig, Graph, GraphBuilder, ImportOptions, KroneckerParams, Progress, ProgressEvent, RunStats, generate_kronecker, import_edge_files,
+};
 use quarry_table::ingest::write_batches;
 use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
 
@@ -263,9 +265,51 @@ enum ResultColumns {
     FloatInt(&'static str, &'static str),
 }
 
+/// A live bar per superstep (on a terminal): active vertices visited and edges traversed; when
+/// the step ends, a line with its counts stays in its place.
+fn step_bars(algorithm: &str) -> Progress {
+    let algorithm = algorithm.to_string();
+    let current: std::sync::Mutex<Option<(u64, indicatif::ProgressBar)>> = std::sync::Mutex::new(None);
+    Progress::new(move |event| {
+        let mut current = current.lock().expect("progress lock");
+        match event {
+            ProgressEvent::Scatter { superstep, visited, active_total, edges } => {
+                if current.as_ref().is_none_or(|(step, _)| *step != superstep) {
+                    let bar = crate::progress::rows_bar(&format!("{algorithm} step {superstep}"), active_total);
+                    *current = Some((superstep, bar));
+                }
+                let (_, bar) = current.as_ref().expect("just set");
+                bar.set_position(visited);
+                bar.set_message(format!("{algorithm} step {superstep}, {edges} edges"));
+            }
+            ProgressEvent::Finished(step) => {
+                if let Some((_, bar)) = current.take() {
+                    bar.finish_and_clear();
+                }
+                if console_is_terminal() {
+                    eprintln!(
+                        "{algorithm} step {}: {} active, {} edges, {} updates -> {} after reduce, {:.2}s",
+                        step.superstep,
+                        step.active_vertices,
+                        step.edges_traversed,
+                        step.updates_emitted,
+                        step.records_after_reduce,
+                        step.elapsed.as_secs_f64()
+                    );
+                }
+            }
+        }
+    })
+}
+
+fn console_is_terminal() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}
+
 fn run_algorithm(warehouse: &Warehouse, home: &GraphHome, algorithm: &str, args: AlgoArgs, threads: usize) -> CliResult {
     let graph = home.graph(&args.name)?;
-    let config = EngineConfig::new(args.memory.memory).with_threads(threads).with_temp_dir(&home.temp);
+    let config = EngineConfig::new(args.memory.memory).with_threads(threads).with_temp_dir(&home.temp).with_progress(step_bars(algorithm));
     let table = args.table.clone().unwrap_or_else(|| format!("{}_{algorithm}", args.name));
     let root = || args.root.ok_or_else(|| format!("{algorithm} needs --root VERTEX"));
     let started = Instant::now();

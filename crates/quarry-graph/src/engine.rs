@@ -234,7 +234,61 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Parent of the engine's scratch directory (value file, active lists, sort-reduce spills).
     pub temp_dir: PathBuf,
+    /// Told how each superstep advances (a CLI draws a progress bar from it).
+    pub progress: Progress,
 }
+
+/// How far a superstep has come.
+#[derive(Debug, Clone, Copy)]
+pub enum ProgressEvent<'a> {
+    /// Scattering the active vertices' edges.
+    Scatter {
+        /// 1-based superstep number.
+        superstep: u64,
+        /// Active vertices visited so far.
+        visited: u64,
+        /// Active vertices in the step, when known before it ends.
+        active_total: Option<u64>,
+        /// Edges traversed so far.
+        edges: u64,
+    },
+    /// The superstep ended.
+    Finished(&'a SuperstepStats),
+}
+
+/// A progress listener; none by default. Configurations compare equal whatever it is.
+#[derive(Clone, Default)]
+pub struct Progress(Option<Arc<dyn Fn(ProgressEvent<'_>) + Send + Sync>>);
+
+impl Progress {
+    /// Calls `listener` with each event.
+    pub fn new(listener: impl Fn(ProgressEvent<'_>) + Send + Sync + 'static) -> Self {
+        Progress(Some(Arc::new(listener)))
+    }
+
+    fn report(&self, event: ProgressEvent<'_>) {
+        if let Some(listener) = &self.0 {
+            listener(event);
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Progress(listener)" } else { "Progress(none)" })
+    }
+}
+
+impl PartialEq for Progress {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Progress {}
+
+/// Active vertices between two scatter progress events.
+const PROGRESS_EVERY: u64 = 1 << 16;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -242,6 +296,7 @@ impl Default for EngineConfig {
             memory_bytes: DEFAULT_ENGINE_MEMORY_BYTES,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             temp_dir: std::env::temp_dir(),
+            progress: Progress::default(),
         }
     }
 }
@@ -264,6 +319,12 @@ impl EngineConfig {
     /// Sets [`Self::temp_dir`].
     pub fn with_temp_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.temp_dir = dir.into();
+        self
+    }
+
+    /// Sets [`Self::progress`].
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
         self
     }
 }
@@ -739,17 +800,26 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
             aggregate: 0.0,
         };
         let mut active_bytes_read = 0;
+        let progress = self.config.progress.clone();
+        let active_total = matches!(frontier, Frontier::All).then_some(vertices);
+        let report = |scatter: &Scatter<P, K, _>| {
+            if scatter.active % PROGRESS_EVERY == 0 {
+                progress.report(ProgressEvent::Scatter { superstep, visited: scatter.active, active_total, edges: scatter.edges });
+            }
+        };
         match frontier {
             Frontier::All => {
                 for v in 0..vertices {
                     let value = self.values.get(v)?;
                     scatter.visit(v, &value)?;
+                    report(&scatter);
                 }
             }
             Frontier::List(list) => {
                 let mut reader = list.reader(io)?;
                 while let Some((v, value)) = reader.next_record()? {
                     scatter.visit(v, &value)?;
+                    report(&scatter);
                 }
                 active_bytes_read = reader.reader.bytes_read();
             }
@@ -759,6 +829,7 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
                     self.check_vertex(v)?;
                     let value = self.values.get(v)?;
                     scatter.visit(v, &value)?;
+                    report(&scatter);
                 }
                 active_bytes_read = reader.reader.bytes_read();
             }
@@ -848,6 +919,9 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
             sort_reduce,
             elapsed: started.elapsed(),
         });
+        if let Some(last) = self.stats.supersteps.last() {
+            self.config.progress.report(ProgressEvent::Finished(last));
+        }
         Ok(next)
     }
 }

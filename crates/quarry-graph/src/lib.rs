@@ -55,8 +55,8 @@ pub mod kronecker;
 
 pub use csr::{Adjacency, Direction, EdgeIter, Graph, GraphMeta, GraphWriter, IdWidth};
 pub use engine::{
-    Edge, Engine, EngineConfig, Frontier, Mode, RunStats, Start, StepContext, SuperstepStats,
-    VertexProgram, VertexValues,
+    Edge, Engine, EngineConfig, Frontier, Mode, Progress, ProgressEvent, RunStats, Start, StepContext,
+    SuperstepStats, VertexProgram, VertexValues,
 };
 pub use error::{Error, Result};
 pub use import::{
