@@ -88,19 +88,21 @@ fn write_stats(path: &Path, stats: &QueryStats) -> CliResult {
 
 pub async fn list_tables(target: &Target) -> CliResult {
     let nodes = target.storage_nodes().await?;
-    let mut names = Vec::new();
+    // Each node's tables, asked once; a table spread over nodes is summed over them.
+    let mut held = Vec::with_capacity(nodes.len());
     for node in &nodes {
-        names.extend(node.list_tables().await.map_err(|e| user_message(&e))?);
+        held.push(node.list_tables().await.map_err(|e| user_message(&e))?);
     }
+    let mut names: Vec<&String> = held.iter().flatten().collect();
     names.sort();
     names.dedup();
     for name in names {
         let (mut rows, mut segments, mut bytes, mut versions) = (0, 0, 0, Vec::new());
-        for node in &nodes {
-            if !node.list_tables().await.map_err(|e| user_message(&e))?.contains(&name) {
+        for (node, tables) in nodes.iter().zip(&held) {
+            if !tables.contains(name) {
                 continue;
             }
-            let info = node.table_info(&name).await.map_err(|e| user_message(&e))?;
+            let info = node.table_info(name).await.map_err(|e| user_message(&e))?;
             rows += info.total_rows();
             segments += info.segments.len();
             bytes += info.total_bytes();
