@@ -21,20 +21,23 @@ use crate::scan::{FragmentExec, FragmentPartition};
 /// version, so every query plans against the latest commit.
 #[derive(Debug)]
 pub struct NodeSchemaProvider {
-    nodes: Vec<Arc<dyn StorageNode>>,
+    /// Each node with the tables it holds (listed once, with the names).
+    nodes: Vec<(Arc<dyn StorageNode>, Vec<String>)>,
     names: Vec<String>,
 }
 
 impl NodeSchemaProvider {
     /// Lists the tables of all `nodes`.
     pub async fn try_new(nodes: Vec<Arc<dyn StorageNode>>) -> Result<Self> {
-        let mut names = Vec::new();
-        for node in &nodes {
-            names.extend(node.list_tables().await?);
+        let mut listed = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let tables = node.list_tables().await?;
+            listed.push((node, tables));
         }
+        let mut names: Vec<String> = listed.iter().flat_map(|(_, tables)| tables.iter().cloned()).collect();
         names.sort();
         names.dedup();
-        Ok(NodeSchemaProvider { nodes, names })
+        Ok(NodeSchemaProvider { nodes: listed, names })
     }
 }
 
@@ -49,8 +52,8 @@ impl SchemaProvider for NodeSchemaProvider {
             return Ok(None);
         }
         let mut parts: Vec<(Arc<dyn StorageNode>, TableInfo)> = Vec::new();
-        for node in &self.nodes {
-            if !node.list_tables().await?.iter().any(|n| n == name) {
+        for (node, tables) in &self.nodes {
+            if !tables.iter().any(|n| n == name) {
                 continue;
             }
             let info = node.table_info(name).await?;
