@@ -31,12 +31,14 @@ SYNTHETIC_RANGE = 100_000_000  # values are uniform over 0..this (quarry-gen's s
 
 
 def run_query(urls: str, sql: str, pushdown: str, repeat: int, threads: int) -> dict:
-    """Best-of-`repeat` stats of one query (after one warm-up run)."""
+    """Best-of-`repeat` stats of one query (after one warm-up run); a query under a second gets
+    three times the runs, since its run-to-run noise (tens of ms) is a large share of it."""
     best = None
     with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
         stats_path, sql_path = Path(tmp) / "stats.json", Path(tmp) / "query.sql"
         sql_path.write_text(sql)
-        for i in range(repeat + 1):
+        i = 0
+        while i <= repeat or (best is not None and best["wall_ms"] < 1000 and i <= 3 * repeat):
             q.run_quarry(
                 ["sql", "-f", sql_path, "--nodes", urls, "--pushdown", pushdown, "--threads", threads, "--format", "none", "--stats", stats_path],
                 Path(tmp) / "unused",
@@ -44,6 +46,7 @@ def run_query(urls: str, sql: str, pushdown: str, repeat: int, threads: int) -> 
             stats = json.loads(stats_path.read_text())
             if i > 0 and (best is None or stats["wall_ms"] < best["wall_ms"]):
                 best = stats
+            i += 1
     return best
 
 
@@ -90,8 +93,15 @@ def chosen(times: dict) -> str:
 
 def bench_selectivity(args) -> int:
     warehouse = Path(args.warehouse)
-    tables = [f"synthetic{c}" for c in args.columns]
-    ensure_tables(warehouse, [["synthetic", "--columns", str(c), "--rows", str(args.rows)] for c in args.columns], tables)
+    # The paper's tables are uncompressed PAX pages: with --page-encoding plain (the default)
+    # the node reads selected values by offset, as its device did.
+    suffix = "" if args.page_encoding == "compact" else f"_{args.page_encoding}"
+    tables = [f"synthetic{c}{suffix}" for c in args.columns]
+    ensure_tables(
+        warehouse,
+        [["--page-encoding", args.page_encoding, "synthetic", "--columns", str(c), "--rows", str(args.rows), "--name", t] for c, t in zip(args.columns, tables)],
+        tables,
+    )
     if not (warehouse / ".calibration.json").exists():
         # The node's cost rates (read by auto's cost model) come from this machine.
         print("calibrating: quarry calibrate", flush=True)
@@ -125,7 +135,7 @@ def bench_selectivity(args) -> int:
                         flush=True,
                     )
     override = "" if args.compute_slowdown is None else f" with compute_slowdown {args.compute_slowdown:g}"
-    print(f"\nSmart SSD selectivity sweep, profile {args.profile}{override}, {args.rows:,} rows per table, host threads {args.threads}")
+    print(f"\nSmart SSD selectivity sweep, profile {args.profile}{override}, {args.page_encoding} pages, {args.rows:,} rows per table, host threads {args.threads}")
     print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto chose | auto/best | link MB on | link MB off |")
     print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     worst = 0.0
@@ -161,6 +171,7 @@ def main() -> int:
     sel.add_argument("--selectivities", type=float, nargs="+", default=[0.1, 1, 10, 100])
     sel.add_argument("--queries", nargs="+", default=["select *", "select col2", "avg(col2)"])
     sel.add_argument("--profile", default="smartssd-2013")
+    sel.add_argument("--page-encoding", choices=["plain", "compact"], default="plain", help="how the tables' pages are encoded")
     sel.add_argument("--compute-slowdown", type=float, help="override the profile's compute slowdown (a what-if device CPU)")
     sel.add_argument("--json")
     for p in (q6, sel):

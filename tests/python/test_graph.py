@@ -186,3 +186,45 @@ def test_killed_run_leaves_no_scratch_files_and_no_partial_table(quarry_bin, tmp
     subprocess.run(base + ["pagerank", "big", "--iterations", "2", "--memory", "4MB"], check=True, capture_output=True, timeout=300)
     assert (warehouse / "big_pagerank" / "CURRENT").is_file()
     assert not any(scratch.rglob("*"))
+
+
+def test_graph_job_runs_inside_a_storage_node(quarry_bin, tmp_path):
+    """`quarry --nodes URL graph ...` runs the job on the node holding the graph: the summary
+    comes back, the result is a table of the node (SQL reads it through the node), and the
+    host's own warehouse gets nothing."""
+    node_warehouse, host = tmp_path / "node", tmp_path / "host"
+    path = tmp_path / "edges.csv"
+    path.write_text("src,dst,weight\n" + "".join(f"{s},{d},{w}\n" for s, d, w in EDGES))
+    run(quarry_bin, node_warehouse, "graph", "import", "g", "--from", str(path), "--memory", "4MB")
+    graph = reference_graph(EDGES)
+    with quarry_py.StorageNodes([node_warehouse]) as nodes:
+        listing = run(quarry_bin, host, "--nodes", nodes.arg, "graph", "list")
+        assert listing.startswith(f"g\t{graph.number_of_nodes()} vertices\t{graph.number_of_edges()} edges"), listing
+        out = run(quarry_bin, host, "--nodes", nodes.arg, "graph", "pagerank", "g", "--iterations", "200", "--memory", "4MB")
+        assert f"ran on node {nodes.urls[0]}" in out and "reduction before the first write" in out, out
+        csv = run(quarry_bin, host, "--nodes", nodes.arg, "sql", "--format", "csv", "SELECT vertex, rank FROM g_pagerank ORDER BY vertex")
+        ranks = {int(v): float(r) for v, r in (line.split(",") for line in csv.splitlines()[1:])}
+        expected = nx.pagerank(graph, alpha=0.85, weight=None, tol=1e-14, max_iter=10_000)
+        assert ranks == pytest.approx(expected, rel=1e-6)
+        assert not (host / "g_pagerank").exists()
+        assert (node_warehouse / "g_pagerank").is_dir()
+
+        # A generated graph is made on the node; a job for a graph no node holds names it.
+        run(quarry_bin, host, "--nodes", nodes.arg, "graph", "gen", "kron", "k", "--scale", "6", "--memory", "4MB")
+        out = run(quarry_bin, host, "--nodes", nodes.arg, "graph", "bfs", "k", "--root", "0", "--memory", "4MB")
+        assert "vertices reached" in out, out
+        missing = subprocess.run([quarry_bin, "--warehouse", str(host), "--nodes", nodes.arg, "graph", "cc", "nope"], capture_output=True, text=True, timeout=60)
+        assert missing.returncode != 0 and "no node holds graph 'nope'" in missing.stderr, missing.stderr
+
+
+def test_graph_job_on_a_node_stays_within_its_device_memory(quarry_bin, tmp_path):
+    """A node bounded by a device profile refuses a job asking for more memory than it has."""
+    node_warehouse = tmp_path / "node"
+    path = tmp_path / "edges.csv"
+    path.write_text("src,dst\n0,1\n1,2\n")
+    run(quarry_bin, node_warehouse, "graph", "import", "g", "--from", str(path), "--memory", "4MB")
+    with quarry_py.StorageNodes([node_warehouse], ["--device-memory", "8MB"]) as nodes:
+        proc = subprocess.run([quarry_bin, "--warehouse", str(tmp_path / "host"), "--nodes", nodes.arg, "graph", "cc", "g", "--memory", "64MB"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "device has" in proc.stderr, proc.stderr
+        out = run(quarry_bin, tmp_path / "host", "--nodes", nodes.arg, "graph", "cc", "g", "--memory", "4MB")
+        assert "1 components" in out, out

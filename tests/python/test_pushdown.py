@@ -120,3 +120,61 @@ def test_pushdown_cuts_link_bytes(three_nodes, tmp_path):
         assert scan_rows > 0, detail["operators"]
     assert link["off"] > 1_000_000, link
     assert link["on"] * 100 <= link["off"], link
+
+
+# A table with PLAIN, uncompressed pages (`--page-encoding plain`), over two row groups in two
+# segments: a filter over its scan runs on the node as PlainSelectExec, which copies selected
+# values out of the pages by offset.
+PLAIN_ROWS = 1_300_000
+PLAIN_QUERIES = [
+    # col1 is uniform over 0..100M: these keep 0.01%, 1%, 30% and 100% of the rows.
+    "SELECT * FROM p WHERE col1 < 10000",
+    "SELECT * FROM p WHERE col1 < 1000000",
+    "SELECT col2, col5 FROM p WHERE col1 < 30000000 AND col3 > 50000000",
+    "SELECT COUNT(*), SUM(col2), MIN(col4), MAX(col6) FROM p WHERE col1 >= 0",
+    "SELECT AVG(col2) FROM p WHERE col1 < 1000000",
+    "SELECT col1, col2 FROM p WHERE col1 < 0",
+    "SELECT col3 FROM p WHERE col1 < 5000000 ORDER BY col3 DESC LIMIT 7",
+]
+
+
+@pytest.fixture(scope="module")
+def plain_node(tmp_path_factory):
+    warehouse = tmp_path_factory.mktemp("plain")
+    q.run_quarry(["gen", "--page-encoding", "plain", "synthetic", "--columns", "6", "--rows", PLAIN_ROWS, "--name", "p"], warehouse)
+    with q.StorageNodes([warehouse]) as nodes:
+        con = q.duckdb_connect(warehouse, threads=2)
+        yield nodes.urls[0], con, warehouse
+        con.close()
+
+
+def test_plain_pages_are_plain(plain_node):
+    """The table really has PLAIN, uncompressed pages, over more than one row group."""
+    _, con, warehouse = plain_node
+    paths = q.segment_paths(warehouse, "p")
+    meta = con.execute(f"SELECT DISTINCT compression, encodings FROM parquet_metadata({paths!r})").fetchall()
+    # RLE is listed for the (empty) definition levels; no page is dictionary-encoded.
+    assert {compression for compression, _ in meta} == {"UNCOMPRESSED"}, meta
+    assert all("PLAIN" in encodings and "DICTIONARY" not in encodings for _, encodings in meta), meta
+    groups = con.execute(f"SELECT COUNT(DISTINCT (file_name, row_group_id)) FROM parquet_metadata({paths!r})").fetchone()[0]
+    assert groups >= 2, groups
+
+
+@pytest.mark.parametrize("sql", PLAIN_QUERIES)
+def test_plain_pages_select_on_node(plain_node, sql, tmp_path):
+    """Every query equals DuckDB with pushdown on and off; with pushdown on, the node's
+    PlainSelectExec ran the filter."""
+    url, con, _ = plain_node
+    path = tmp_path / "query.sql"
+    path.write_text(sql)
+    duck = q.duckdb_result(con, sql)
+    for pushdown in ("on", "off"):
+        stats = tmp_path / f"stats-{pushdown}.json"
+        quarry = _run(url, path, pushdown, tmp_path, stats)
+        cmp = q.compare_query_results(sql, quarry, duck)
+        assert cmp, f"{sql} with --pushdown {pushdown}: Quarry and DuckDB disagree\n{cmp}"
+        detail = json.loads(stats.read_text())
+        storage_ops = {op["operator"] for op in detail["operators"] if op["side"] == "storage"}
+        # (col1 < 0 prunes every segment by its statistics: nothing is left to select from.)
+        all_pruned = detail["segments_pruned"] == detail["segments_requested"]
+        assert ("PlainSelectExec" in storage_ops) == (pushdown == "on" and not all_pruned), storage_ops

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use quarry_engine::user_message;
-use quarry_table::Warehouse;
+use quarry_table::{PageEncoding, Warehouse};
 use serde_json::json;
 
 use crate::generate::generate_tables;
@@ -99,5 +99,5 @@ fn ensure_data(warehouse: &Warehouse, suite_name: &str, sf: f64, threads: usize)
     eprintln!("generating {suite_name} SF {sf} into {}", warehouse.root().display());
     let mut properties: Vec<(String, String)> = properties.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     properties.push(("scale_factor".into(), sf.to_string()));
-    generate_tables(warehouse, &tables, &properties, threads)
+    generate_tables(warehouse, &tables, &properties, PageEncoding::default(), threads)
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 use clap::Args;
 use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, user_message};
 use quarry_storage::{CALIBRATION_FILE, Calibration, LocalStorageNode};
-use quarry_table::Warehouse;
+use quarry_table::{PageEncoding, Warehouse};
 
 use crate::generate::generate_tables;
 use crate::{CliResult, with_runtime};
@@ -45,7 +45,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
 fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration> {
     let warehouse = Warehouse::open(scratch).map_err(|e| e.to_string())?;
     let table = quarry_gen::synthetic::synthetic_table("calibration", COLUMNS, rows, 7);
-    generate_tables(&warehouse, &[table], &[], threads)?;
+    generate_tables(&warehouse, &[table], &[], PageEncoding::default(), threads)?;
     with_runtime(threads, async move {
         let session = |pushdown| {
             let node = Arc::new(LocalStorageNode::new(warehouse.clone()));

@@ -6,7 +6,7 @@ use std::time::Instant;
 use clap::{Args, Subcommand};
 use quarry_gen::TableGenerator;
 use quarry_table::ingest::write_chunks_parallel;
-use quarry_table::{SegmentOptions, Warehouse, WriteMode};
+use quarry_table::{PageEncoding, SegmentOptions, Warehouse, WriteMode};
 
 use crate::CliResult;
 use crate::progress::rows_bar;
@@ -16,6 +16,10 @@ use crate::target::Target;
 pub struct GenArgs {
     #[command(subcommand)]
     dataset: Dataset,
+    /// How data pages are encoded: compact (dictionary + Snappy) or plain (PLAIN, uncompressed:
+    /// the Smart SSD paper's uncompressed pages, which selective scans skip through cheaply).
+    #[arg(long, global = true, default_value = "compact")]
+    page_encoding: PageEncoding,
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,7 +89,7 @@ fn generate(warehouse: &Path, args: GenArgs, threads: usize) -> CliResult {
             (vec![table], vec![prop("generator", "synthetic"), prop("rows", rows), prop("seed", seed)])
         }
     };
-    generate_tables(&warehouse, &tables, &properties, threads)
+    generate_tables(&warehouse, &tables, &properties, args.page_encoding, threads)
 }
 
 fn check_sf(sf: f64) -> CliResult {
@@ -105,11 +109,12 @@ pub fn generate_tables(
     warehouse: &Warehouse,
     tables: &[Box<dyn TableGenerator>],
     properties: &[(String, String)],
+    page_encoding: PageEncoding,
     threads: usize,
 ) -> CliResult {
     for table in tables {
         let started = Instant::now();
-        let options = SegmentOptions { bloom_filter_columns: table.bloom_filter_columns() };
+        let options = SegmentOptions { bloom_filter_columns: table.bloom_filter_columns(), page_encoding };
         let writer = warehouse
             .begin_write(table.name(), &table.schema(), WriteMode::Replace, options, table.sort_key())
             .map_err(|e| e.to_string())?;

@@ -1,26 +1,25 @@
 //! `quarry graph`: external-memory graph analytics over the warehouse's storage (GraFBoost).
 //!
-//! Graphs live in `<warehouse>/.graphs/<name>/` (a dot directory, so never mistaken for a table);
-//! scratch files go to `<warehouse>/.graphs/.tmp/`, and leftovers of killed runs are removed at
-//! the start of every graph command. An algorithm's result is committed as the warehouse table
-//! `<graph>_<algorithm>` (vertex, value columns), so SQL can query it.
+//! The jobs themselves are `quarry_storage::graph_job`: embedded, they run in this process over
+//! the warehouse; with `--nodes`, on the storage node that holds the graph, which returns only
+//! the summary (the result table stays on the node, for `quarry sql --nodes`). Importing an edge
+//! file reads a local file and so runs only on a local warehouse.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, Float64Builder, Int64Builder, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::{Array, ArrayRef};
+use arrow::datatypes::DataType;
 use clap::{Args, Subcommand};
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use quarry_graph::algorithms::{PageRankOptions, UNREACHED, bfs, betweenness, connected_components, pagerank, sample_sources, sssp};
-use quarry_graph::{
-    EngineConfig, Graph, GraphBuilder, ImportOptions, KroneckerParams, Progress, ProgressEvent, RunStats, generate_kronecker, import_edge_files,
-};
-use quarry_table::ingest::write_batches;
-use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
+use quarry_flight::RemoteStorageNode;
+use quarry_storage::StorageNode;
+use quarry_graph::{Graph, GraphBuilder, ImportOptions, Progress, ProgressEvent, import_edge_files};
+use quarry_storage::graph_job::{GraphAlgorithm, GraphHome, GraphJob, GraphJobOutput, run_graph_job};
+use quarry_table::Warehouse;
 
-use crate::CliResult;
+use crate::target::Target;
+use crate::{CliResult, with_runtime};
 
 #[derive(Debug, Args)]
 pub struct GraphArgs {
@@ -112,6 +111,21 @@ struct AlgoArgs {
     memory: MemoryArg,
 }
 
+impl AlgoArgs {
+    fn job(self, algorithm: GraphAlgorithm) -> (GraphJob, Option<GraphAlgorithm>) {
+        let job = GraphJob::Run {
+            algorithm,
+            graph: self.name,
+            root: self.root,
+            iterations: self.iterations,
+            sources: self.sources,
+            table: self.table,
+            memory_bytes: self.memory.memory as u64,
+        };
+        (job, Some(algorithm))
+    }
+}
+
 /// `512MB`, `1GB`, `64KiB`, or bytes.
 fn parse_size(text: &str) -> Result<usize, String> {
     let lower = text.trim().to_ascii_lowercase();
@@ -128,99 +142,101 @@ fn parse_size(text: &str) -> Result<usize, String> {
     Ok((number * scale) as usize)
 }
 
-struct GraphHome {
-    dir: PathBuf,
-    temp: PathBuf,
-}
-
-impl GraphHome {
-    fn open(warehouse: &Warehouse) -> CliResult<Self> {
-        let dir = warehouse.root().join(".graphs");
-        let temp = dir.join(".tmp");
-        std::fs::create_dir_all(&temp).map_err(|e| format!("creating {}: {e}", temp.display()))?;
-        quarry_graph::clean_stale_temp_dirs(&temp).map_err(|e| e.to_string())?;
-        quarry_graph::clean_stale_temp_dirs(&dir).map_err(|e| e.to_string())?;
-        Ok(GraphHome { dir, temp })
-    }
-
-    fn path(&self, name: &str) -> CliResult<PathBuf> {
-        quarry_table::warehouse::validate_table_name(name).map_err(|_| format!("invalid graph name '{name}': use lowercase letters, digits and '_'"))?;
-        Ok(self.dir.join(name))
-    }
-
-    fn graph(&self, name: &str) -> CliResult<Graph> {
-        let path = self.path(name)?;
-        if !path.exists() {
-            return Err(format!("graph '{name}' does not exist (create it with 'quarry graph import' or 'quarry graph gen kron')"));
-        }
-        Graph::open(&path).map_err(|e| e.to_string())
-    }
-
-    fn import_options(&self, memory: usize, threads: usize) -> ImportOptions {
-        ImportOptions::default().with_memory_bytes(memory).with_threads(threads).with_temp_dir(&self.temp).with_reverse(true).with_overwrite(true)
-    }
-}
-
-pub fn run(warehouse_dir: &Path, args: GraphArgs, threads: usize) -> CliResult {
-    let warehouse = Warehouse::open(warehouse_dir).map_err(|e| e.to_string())?;
-    let home = GraphHome::open(&warehouse)?;
-    let started = Instant::now();
-    match args.command {
-        GraphCommand::List => {
-            let mut names: Vec<String> = std::fs::read_dir(&home.dir)
-                .map_err(|e| e.to_string())?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !n.starts_with('.'))
-                .collect();
-            names.sort();
-            for name in names {
-                let graph = home.graph(&name)?;
-                println!("{name}\t{} vertices\t{} edges\t{}", graph.vertices(), graph.edges_count(), if graph.is_weighted() { "weighted" } else { "unweighted" });
-            }
-            Ok(())
-        }
+pub fn run(target: &Target, args: GraphArgs, threads: usize) -> CliResult {
+    let (job, algorithm) = match args.command {
         GraphCommand::Import { name, from, keep_self_loops, memory } => {
-            let dest = home.path(&name)?;
-            let options = home.import_options(memory.memory, threads).with_self_loops(keep_self_loops);
-            let is_parquet = from.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
-            let (graph, stats) = if is_parquet {
-                import_parquet(&from, &dest, options)?
-            } else {
-                import_edge_files(&[&from], None, &dest, options).map_err(|e| e.to_string())?
-            };
-            eprintln!(
-                "{name}: {} vertices, {} edges ({} read, {} duplicates and {} self-loops removed), {:.2}s",
-                graph.vertices(),
-                graph.edges_count(),
-                stats.edges_read,
-                stats.duplicates_removed,
-                stats.self_loops_dropped,
-                started.elapsed().as_secs_f64()
-            );
-            Ok(())
+            if target.is_remote() {
+                return Err("graph import reads a local file: import on the node's own warehouse (quarry --warehouse DIR graph import), not through --nodes".into());
+            }
+            return import(&target.warehouse, &name, &from, keep_self_loops, memory.memory, threads);
         }
+        GraphCommand::List => (GraphJob::List, None),
         GraphCommand::Gen { kind: GenKind::Kron { name, scale, edge_factor, seed, weighted, memory } } => {
-            let dest = home.path(&name)?;
-            let params = KroneckerParams::graph500(scale).with_edge_factor(edge_factor).with_seed(seed).with_weights(weighted);
-            let (graph, stats) = generate_kronecker(&params, &dest, home.import_options(memory.memory, threads)).map_err(|e| e.to_string())?;
-            eprintln!(
-                "{name}: {} vertices, {} edges kept of {} generated ({} duplicates, {} self-loops removed), {:.2}s",
-                graph.vertices(),
-                graph.edges_count(),
-                stats.edges_generated,
-                stats.import.duplicates_removed,
-                stats.import.self_loops_dropped,
-                started.elapsed().as_secs_f64()
-            );
-            Ok(())
+            (GraphJob::GenKron { name, scale, edge_factor, seed, weighted, memory_bytes: memory.memory as u64 }, None)
         }
-        GraphCommand::Bfs(args) => run_algorithm(&warehouse, &home, "bfs", args, threads),
-        GraphCommand::Pagerank(args) => run_algorithm(&warehouse, &home, "pagerank", args, threads),
-        GraphCommand::Bc(args) => run_algorithm(&warehouse, &home, "bc", args, threads),
-        GraphCommand::Sssp(args) => run_algorithm(&warehouse, &home, "sssp", args, threads),
-        GraphCommand::Cc(args) => run_algorithm(&warehouse, &home, "cc", args, threads),
+        GraphCommand::Bfs(args) => args.job(GraphAlgorithm::Bfs),
+        GraphCommand::Pagerank(args) => args.job(GraphAlgorithm::Pagerank),
+        GraphCommand::Bc(args) => args.job(GraphAlgorithm::Bc),
+        GraphCommand::Sssp(args) => args.job(GraphAlgorithm::Sssp),
+        GraphCommand::Cc(args) => args.job(GraphAlgorithm::Cc),
+    };
+    let outputs: Vec<(Option<String>, GraphJobOutput)> = if target.is_remote() {
+        with_runtime(threads, run_on_nodes(target, job))?
+    } else {
+        let warehouse = Warehouse::open(&target.warehouse).map_err(|e| e.to_string())?;
+        let progress = algorithm.map(step_bars);
+        vec![(None, run_graph_job(&warehouse, job, threads, progress)?)]
+    };
+    for (node, output) in outputs {
+        match output {
+            GraphJobOutput::Listed(graphs) => {
+                for (name, vertices, edges, weighted) in graphs {
+                    let place = node.as_deref().map(|n| format!("\t{n}")).unwrap_or_default();
+                    println!("{name}\t{vertices} vertices\t{edges} edges\t{}{place}", if weighted { "weighted" } else { "unweighted" });
+                }
+            }
+            GraphJobOutput::Made(line) => eprintln!("{line}"),
+            GraphJobOutput::Ran(summary) => {
+                let place = node.map(|n| format!(" (ran on node {n})")).unwrap_or_default();
+                println!("{}{place}", summary.report());
+            }
+        }
     }
+    Ok(())
+}
+
+/// Sends `job` to the node it belongs on: a run to the node holding its graph, a new graph to
+/// the one node named, a listing to every node.
+async fn run_on_nodes(target: &Target, job: GraphJob) -> CliResult<Vec<(Option<String>, GraphJobOutput)>> {
+    let nodes = target.remote_nodes().await?;
+    match &job {
+        GraphJob::List => {
+            let mut out = Vec::new();
+            for node in &nodes {
+                out.push(call_node(node, GraphJob::List).await?);
+            }
+            Ok(out)
+        }
+        GraphJob::GenKron { .. } => match &nodes[..] {
+            [node] => Ok(vec![call_node(node, job).await?]),
+            _ => Err("graph gen makes a graph on one node: name exactly one with --nodes".into()),
+        },
+        GraphJob::Run { graph, .. } => {
+            for node in &nodes {
+                if let (_, GraphJobOutput::Listed(graphs)) = call_node(node, GraphJob::List).await?
+                    && graphs.iter().any(|(name, ..)| name == graph)
+                {
+                    return Ok(vec![call_node(node, job).await?]);
+                }
+            }
+            Err(format!("no node holds graph '{graph}' (nodes: {})", target.nodes.join(", ")))
+        }
+    }
+}
+
+async fn call_node(node: &RemoteStorageNode, job: GraphJob) -> CliResult<(Option<String>, GraphJobOutput)> {
+    let output: GraphJobOutput = node.call(quarry_flight::wire::action::GRAPH, &job).await.map_err(|e| format!("node {}: {}", node.name(), quarry_engine::user_message(&e)))?;
+    Ok((Some(node.name().to_string()), output))
+}
+
+fn import(warehouse: &Path, name: &str, from: &Path, keep_self_loops: bool, memory: usize, threads: usize) -> CliResult {
+    let started = Instant::now();
+    let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
+    let home = GraphHome::open(&warehouse)?;
+    let dest = home.path(name)?;
+    let options = home.import_options(memory, threads).with_self_loops(keep_self_loops);
+    let is_parquet = from.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+    let (graph, stats) = if is_parquet { import_parquet(from, &dest, options)? } else { import_edge_files(&[from], None, &dest, options).map_err(|e| e.to_string())? };
+    eprintln!(
+        "{name}: {} vertices, {} edges ({} read, {} duplicates and {} self-loops removed), {:.2}s",
+        graph.vertices(),
+        graph.edges_count(),
+        stats.edges_read,
+        stats.duplicates_removed,
+        stats.self_loops_dropped,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn import_parquet(from: &Path, dest: &Path, options: ImportOptions) -> CliResult<(Graph, quarry_graph::ImportStats)> {
@@ -258,17 +274,10 @@ fn import_parquet(from: &Path, dest: &Path, options: ImportOptions) -> CliResult
     builder.finish().map_err(|e| e.to_string())
 }
 
-/// A result column: vertex id plus one or two values, streamed into a warehouse table.
-enum ResultColumns {
-    Int(&'static str),
-    Float(&'static str),
-    FloatInt(&'static str, &'static str),
-}
-
 /// A live bar per superstep (on a terminal): active vertices visited and edges traversed; when
 /// the step ends, a line with its counts stays in its place.
-fn step_bars(algorithm: &str) -> Progress {
-    let algorithm = algorithm.to_string();
+fn step_bars(algorithm: GraphAlgorithm) -> Progress {
+    let algorithm = algorithm.name().to_string();
     let current: std::sync::Mutex<Option<(u64, indicatif::ProgressBar)>> = std::sync::Mutex::new(None);
     Progress::new(move |event| {
         let mut current = current.lock().expect("progress lock");
@@ -307,141 +316,3 @@ fn console_is_terminal() -> bool {
     std::io::stderr().is_terminal()
 }
 
-fn run_algorithm(warehouse: &Warehouse, home: &GraphHome, algorithm: &str, args: AlgoArgs, threads: usize) -> CliResult {
-    let graph = home.graph(&args.name)?;
-    let config = EngineConfig::new(args.memory.memory).with_threads(threads).with_temp_dir(&home.temp).with_progress(step_bars(algorithm));
-    let table = args.table.clone().unwrap_or_else(|| format!("{}_{algorithm}", args.name));
-    let root = || args.root.ok_or_else(|| format!("{algorithm} needs --root VERTEX"));
-    let started = Instant::now();
-    // Each arm streams its values into the result table and returns the engine statistics.
-    let (stats, summary): (Vec<RunStats>, String) = match algorithm {
-        "bfs" => {
-            let result = bfs(&graph, root()?, &config).map_err(|e| e.to_string())?;
-            let values = result.parents.iter().map_err(|e| e.to_string())?.map(|v| v.map(|p| (p != UNREACHED).then_some(p as i64)));
-            write_result(warehouse, &table, ResultColumns::Int("parent"), values.map(|r| r.map(|p| (p.map(|p| p as f64), p))))?;
-            (vec![result.stats], format!("{} vertices reached, depth {}", result.reached, result.depth))
-        }
-        "cc" => {
-            let result = connected_components(&graph, &config).map_err(|e| e.to_string())?;
-            let values = result.labels.iter().map_err(|e| e.to_string())?.map(|v| v.map(|l| (Some(l as f64), Some(l as i64))));
-            write_result(warehouse, &table, ResultColumns::Int("component"), values)?;
-            (vec![result.stats], format!("{} components", result.components))
-        }
-        "pagerank" => {
-            let options = PageRankOptions { iterations: args.iterations, ..Default::default() };
-            let result = pagerank(&graph, &options, &config).map_err(|e| e.to_string())?;
-            let values = result.ranks.iter().map_err(|e| e.to_string())?.map(|v| v.map(|r| (Some(r), None)));
-            write_result(warehouse, &table, ResultColumns::Float("rank"), values)?;
-            (vec![result.stats], format!("{} iterations", args.iterations))
-        }
-        "sssp" => {
-            let result = sssp(&graph, root()?, &config).map_err(|e| e.to_string())?;
-            let values = result.distances.iter().map_err(|e| e.to_string())?.map(|v| {
-                v.map(|(d, p)| if d.is_finite() { (Some(d), Some(p as i64)) } else { (None, None) })
-            });
-            write_result(warehouse, &table, ResultColumns::FloatInt("distance", "parent"), values)?;
-            (vec![result.stats], String::new())
-        }
-        "bc" => {
-            let sources = match (args.root, args.sources) {
-                (Some(root), None) => vec![root],
-                (None, Some(count)) => sample_sources(graph.vertices(), count, 1),
-                _ => return Err("bc needs either --root VERTEX or --sources COUNT".into()),
-            };
-            let result = betweenness(&graph, &sources, &config).map_err(|e| e.to_string())?;
-            let values = result.scores.iter().map_err(|e| e.to_string())?.map(|v| v.map(|s| (Some(s), None)));
-            write_result(warehouse, &table, ResultColumns::Float("centrality"), values)?;
-            (result.stats, format!("{} sources", sources.len()))
-        }
-        _ => unreachable!("clap lists the algorithms"),
-    };
-    print_summary(algorithm, &args.name, &table, &stats, &summary, started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Streams `(float value, int value)` pairs (one per vertex, in vertex order) into `table`.
-fn write_result(
-    warehouse: &Warehouse,
-    table: &str,
-    columns: ResultColumns,
-    values: impl Iterator<Item = quarry_graph::Result<(Option<f64>, Option<i64>)>>,
-) -> CliResult {
-    let mut fields = vec![Field::new("vertex", DataType::Int64, false)];
-    match columns {
-        ResultColumns::Int(name) => fields.push(Field::new(name, DataType::Int64, true)),
-        ResultColumns::Float(name) => fields.push(Field::new(name, DataType::Float64, true)),
-        ResultColumns::FloatInt(f, i) => {
-            fields.push(Field::new(f, DataType::Float64, true));
-            fields.push(Field::new(i, DataType::Int64, true));
-        }
-    }
-    let schema: SchemaRef = Arc::new(Schema::new(fields));
-    let writer = warehouse
-        .begin_write(table, &schema, WriteMode::Replace, SegmentOptions::default(), vec!["vertex".into()])
-        .map_err(|e| e.to_string())?;
-    let mut values = values.enumerate().peekable();
-    let batches = std::iter::from_fn(|| {
-        values.peek()?;
-        let (mut vertex, mut float, mut int) = (Int64Builder::new(), Float64Builder::new(), Int64Builder::new());
-        for (v, value) in values.by_ref().take(64 * 1024) {
-            let (f, i) = match value {
-                Ok(pair) => pair,
-                Err(e) => return Some(Err(TableError::InvalidInput { file: "graph values".into(), reason: e.to_string() })),
-            };
-            vertex.append_value(v as i64);
-            float.append_option(f);
-            int.append_option(i);
-        }
-        let mut arrays: Vec<ArrayRef> = vec![Arc::new(vertex.finish())];
-        match columns {
-            ResultColumns::Int(_) => arrays.push(Arc::new(int.finish())),
-            ResultColumns::Float(_) => arrays.push(Arc::new(float.finish())),
-            ResultColumns::FloatInt(..) => {
-                arrays.push(Arc::new(float.finish()));
-                arrays.push(Arc::new(int.finish()));
-            }
-        }
-        Some(RecordBatch::try_new(schema.clone(), arrays).map_err(|e| TableError::InvalidInput { file: "graph values".into(), reason: e.to_string() }))
-    });
-    let segments = write_batches(&writer, batches, &|_| {}).map_err(|e| e.to_string())?;
-    writer.commit(segments, vec![("generator".into(), "graph".into())]).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-fn print_summary(algorithm: &str, graph: &str, table: &str, runs: &[RunStats], summary: &str, wall_s: f64) {
-    let steps: Vec<_> = runs.iter().flat_map(|r| r.supersteps.iter()).collect();
-    let edges: u64 = steps.iter().map(|s| s.edges_traversed).sum();
-    let updates: u64 = steps.iter().map(|s| s.updates_emitted).sum();
-    // The paper's measure: the share of the update stream removed by in-memory reduction before
-    // anything is written, over all supersteps.
-    let updates_in: u64 = steps.iter().map(|s| s.sort_reduce.updates_in).sum();
-    let after_first: u64 = steps.iter().map(|s| s.sort_reduce.records_after_first_reduce).sum();
-    let first = if updates_in == 0 { 0.0 } else { 1.0 - after_first as f64 / updates_in as f64 };
-    let read: u64 = steps.iter().map(|s| s.graph_bytes_read + s.value_bytes_read + s.active_bytes_read + s.sort_reduce.bytes_read).sum();
-    let written: u64 = steps.iter().map(|s| s.value_bytes_written + s.active_bytes_written + s.sort_reduce.bytes_written).sum();
-    let spilled: u64 = steps.iter().map(|s| s.sort_reduce.bytes_written).sum();
-    let peak_sort = runs.iter().map(|r| r.peak_sort_reduce_bytes()).max().unwrap_or(0);
-    println!("{algorithm} on {graph}: {summary}; result in table {table}");
-    for s in &steps {
-        println!(
-            "  step {:>3}: active {:>10}  edges {:>12}  updates {:>12} -> {:>10} after reduce  spilled {:>8.1} MB  {:>7.3}s",
-            s.superstep,
-            s.active_vertices,
-            s.edges_traversed,
-            s.updates_emitted,
-            s.records_after_reduce,
-            s.sort_reduce.bytes_written as f64 / 1e6,
-            s.elapsed.as_secs_f64()
-        );
-    }
-    println!(
-        "  wall {wall_s:.2}s, {:.1} M edges traversed/s, {updates} updates, reduction before the first write {:.1}%, read {:.1} MB, written {:.1} MB (sort-reduce spills {:.1} MB), peak sort-reduce memory {:.1} MB, peak RSS {:.1} MB",
-        edges as f64 / wall_s / 1e6,
-        first * 100.0,
-        read as f64 / 1e6,
-        written as f64 / 1e6,
-        spilled as f64 / 1e6,
-        peak_sort as f64 / 1e6,
-        crate::peak_rss_bytes() as f64 / 1e6
-    );
-}

@@ -9,7 +9,7 @@ use clap::Args;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use quarry_table::csv_import::{CsvBatchReader, CsvOptions, infer_csv_schema};
 use quarry_table::ingest::write_batches;
-use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
+use quarry_table::{PageEncoding, SegmentOptions, TableError, Warehouse, WriteMode};
 
 use crate::progress::rows_bar;
 use crate::target::Target;
@@ -46,6 +46,10 @@ pub struct LoadArgs {
     /// Columns to give Parquet Bloom filters (comma-separated).
     #[arg(long, value_delimiter = ',')]
     bloom_filter: Vec<String>,
+    /// How data pages are encoded: compact (dictionary + Snappy) or plain (PLAIN, uncompressed).
+    /// An append keeps the table's encoding.
+    #[arg(long, default_value = "compact")]
+    page_encoding: PageEncoding,
 }
 
 pub fn run(target: &Target, args: LoadArgs, threads: usize) -> CliResult {
@@ -69,7 +73,7 @@ fn load(warehouse: &Path, mut args: LoadArgs, threads: usize) -> CliResult {
         if parquet { "parquet" } else { "csv" }.to_string()
     });
     let mode = if args.append { WriteMode::Append } else { WriteMode::Replace };
-    let options = SegmentOptions { bloom_filter_columns: args.bloom_filter.clone() };
+    let options = SegmentOptions { bloom_filter_columns: args.bloom_filter.clone(), page_encoding: args.page_encoding };
     let bar = rows_bar(&args.table, None);
     let progress = |rows: u64| bar.set_position(rows);
     let manifest = match format.as_str() {

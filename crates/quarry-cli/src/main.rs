@@ -91,7 +91,7 @@ fn main() -> ExitCode {
         Command::Shell => with_runtime(threads, shell::run(&target)),
         Command::Bench(args) => bench::run(&target, args, threads),
         Command::Tables => with_runtime(threads, sql::list_tables(&target)),
-        Command::Graph(args) => graph::run(&cli.warehouse, args, threads),
+        Command::Graph(args) => graph::run(&target, args, threads),
         Command::Serve(args) => serve::run(&target, args, threads),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
     };
@@ -119,10 +119,4 @@ pub fn with_runtime<T>(threads: usize, future: impl std::future::Future<Output =
     runtime.block_on(future)
 }
 
-/// Peak resident set size of this process since exec (Linux `VmHWM`); 0 where unavailable.
-pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-        .map_or(0, |kb| kb * 1024)
-}
+pub use quarry_storage::graph_job::peak_rss_bytes;

@@ -30,8 +30,9 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::common::Statistics;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs, StatisticsContext};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
+use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
-use quarry_storage::{Calibration, NodeDescription, ScanLeafExec, check_shippable};
+use quarry_storage::{Calibration, NodeDescription, PlainSelectExec, ScanLeafExec, check_shippable};
 
 use crate::scan::{FragmentExec, FragmentPartition, leaves};
 
@@ -389,6 +390,17 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
             let (other_width, other_columns) = width(&|i| !used.contains(&i));
             let input = rows(filter.input());
             let selectivity = if input > 0.0 { (rows(plan) / input).clamp(0.0, 1.0) } else { 1.0 };
+            if leaf.page_encoding() == PageEncoding::Plain && leaf.leaf().limit.is_none() && PlainSelectExec::supports(&schema) {
+                // The node's PlainSelectExec: the filter's columns copied whole, the others'
+                // selected values copied by offset, a run at a time; every page split.
+                let pages = input / DATA_PAGE_ROWS as f64 * schema.fields().len() as f64;
+                let runs = input * selectivity * (1.0 - selectivity) + 1.0;
+                total += input * (filter_width + selectivity * other_width) * rates.plain_copy_ns_per_byte
+                    + input * (rates.plain_row_ns + selectivity * rates.plain_selected_row_ns)
+                    + runs * other_columns * rates.plain_run_ns
+                    + pages * rates.plain_page_ns;
+                return Ok(TreeNodeRecursion::Jump);
+            }
             let runs = 2.0 * input * selectivity * (1.0 - selectivity);
             // A page with one selected row is read whole, its other values skipped at a cost.
             let pages_read = 1.0 - (1.0 - selectivity).powf(DATA_PAGE_ROWS as f64);

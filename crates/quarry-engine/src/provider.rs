@@ -157,7 +157,7 @@ impl TableProvider for StorageTable {
         // A limit only holds for the leaf when nothing filters above it.
         let limit = if filters.is_empty() { limit } else { None };
         let leaf = ScanLeaf { table: info.name.clone(), version: info.version, segments: Vec::new(), projection, limit };
-        let root = Arc::new(ScanLeafExec::new(leaf, schema).with_statistics(statistics));
+        let root = Arc::new(ScanLeafExec::new(leaf, schema).with_statistics(statistics).with_page_encoding(info.page_encoding));
         let partitions = spread_partitions(&self.parts, state.config().target_partitions().max(1));
         Ok(Arc::new(FragmentExec::try_new(root, partitions)?))
     }

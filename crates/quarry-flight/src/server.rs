@@ -26,6 +26,7 @@ use datafusion::error::DataFusionError;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{Fragment, LocalStorageNode, ScanMessage, ScanStats, StorageNode};
+use quarry_storage::graph_job::GraphJob;
 use quarry_table::{SegmentMeta, SegmentOptions, TableWriter, WriteMode};
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -221,11 +222,15 @@ impl FlightService for NodeService {
                 json(&TableInfoWire::from_info(&self.node.table_info(&table).await.map_err(status)?))?
             }
             action::DESCRIBE => json(&self.node.describe().await.map_err(status)?)?,
+            action::GRAPH => {
+                let job: GraphJob = parse(body, "graph")?;
+                json(&self.node.run_graph_job(job).await.map_err(status)?)?
+            }
             action::BEGIN_WRITE => {
                 let begin: BeginWrite = parse(body, "begin_write")?;
                 let schema = begin.schema.to_arrow().map_err(Status::invalid_argument)?;
                 let mode = if begin.append { WriteMode::Append } else { WriteMode::Replace };
-                let options = SegmentOptions { bloom_filter_columns: begin.bloom_filter_columns };
+                let options = SegmentOptions { bloom_filter_columns: begin.bloom_filter_columns, page_encoding: begin.page_encoding };
                 let writer =
                     self.node.warehouse().begin_write(&begin.table, &schema, mode, options, begin.sort_key).map_err(|e| Status::failed_precondition(e.to_string()))?;
                 let id = format!("w{}", self.next_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
@@ -250,7 +255,7 @@ impl FlightService for NodeService {
     }
 
     async fn list_actions(&self, _request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
-        let actions = [action::LIST_TABLES, action::TABLE_INFO, action::DESCRIBE, action::BEGIN_WRITE, action::COMMIT_WRITE, action::ABORT_WRITE]
+        let actions = [action::LIST_TABLES, action::TABLE_INFO, action::DESCRIBE, action::BEGIN_WRITE, action::COMMIT_WRITE, action::ABORT_WRITE, action::GRAPH]
             .map(|name| Ok(ActionType { r#type: name.into(), description: String::new() }));
         Ok(Response::new(futures::stream::iter(actions).boxed()))
     }

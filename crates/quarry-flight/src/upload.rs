@@ -25,6 +25,7 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
         append,
         bloom_filter_columns: manifest.bloom_filter_columns.clone(),
         sort_key: manifest.sort_key.clone(),
+        page_encoding: manifest.page_encoding,
     };
     let mut writes = Vec::with_capacity(nodes.len());
     for node in nodes {

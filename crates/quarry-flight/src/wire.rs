@@ -12,6 +12,7 @@ use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 use quarry_storage::{SegmentInfo, TableInfo};
 use quarry_table::manifest::TableSchema;
+use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
 
 /// Action names.
@@ -28,6 +29,8 @@ pub mod action {
     pub const COMMIT_WRITE: &str = "commit_write";
     /// Abort a write transaction.
     pub const ABORT_WRITE: &str = "abort_write";
+    /// Run a graph job on the node (`quarry_storage::graph_job`); returns its summary.
+    pub const GRAPH: &str = "graph";
 }
 
 /// [`TableInfo`] on the wire.
@@ -38,6 +41,8 @@ pub struct TableInfoWire {
     schema_ipc: Vec<u8>,
     segments: Vec<(String, u64, u64)>,
     columns: Vec<ColumnStatsWire>,
+    #[serde(default)]
+    page_encoding: PageEncoding,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -56,6 +61,7 @@ impl TableInfoWire {
             name: info.name.clone(),
             version: info.version,
             schema_ipc: schema.schema.to_vec(),
+            page_encoding: info.page_encoding,
             segments: info.segments.iter().map(|s| (s.id.clone(), s.rows, s.bytes)).collect(),
             columns: info
                 .column_statistics
@@ -97,6 +103,7 @@ impl TableInfoWire {
             schema: Arc::new(schema),
             segments: self.segments.iter().map(|(id, rows, bytes)| SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes }).collect(),
             column_statistics,
+            page_encoding: self.page_encoding,
         })
     }
 }
@@ -114,6 +121,9 @@ pub struct BeginWrite {
     pub bloom_filter_columns: Vec<String>,
     /// Sort key columns.
     pub sort_key: Vec<String>,
+    /// How the node writes the table's data pages.
+    #[serde(default)]
+    pub page_encoding: PageEncoding,
 }
 
 /// Commits a write on a node.

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use datafusion::common::ColumnStatistics;
 use datafusion::error::Result;
 use futures::stream::BoxStream;
+use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
 
 use crate::profile::NodeDescription;
@@ -31,6 +32,8 @@ pub struct TableInfo {
     /// cost-based decisions (join order, build sides). Bounds are inexact (strings may be
     /// truncated), counts exact.
     pub column_statistics: Vec<ColumnStatistics>,
+    /// How the table's pages are encoded (the cost of reading selected rows depends on it).
+    pub page_encoding: PageEncoding,
 }
 
 impl TableInfo {

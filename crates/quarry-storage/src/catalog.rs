@@ -48,6 +48,7 @@ pub fn table_info(snapshot: &TableSnapshot) -> TableInfo {
         column_statistics,
         name: snapshot.manifest.table.clone(),
         version: snapshot.manifest.version,
+        page_encoding: snapshot.manifest.page_encoding,
         schema,
         segments: snapshot
             .manifest

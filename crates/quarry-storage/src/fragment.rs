@@ -32,6 +32,8 @@ use datafusion::common::JoinType;
 use datafusion_proto::bytes::{physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec};
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 
+use quarry_table::PageEncoding;
+
 use crate::api::{Fragment, ScanLeaf};
 
 /// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
@@ -43,6 +45,9 @@ pub struct ScanLeafExec {
     properties: Arc<PlanProperties>,
     /// The host's estimate of what the leaf reads (not shipped).
     statistics: Option<Arc<Statistics>>,
+    /// How the table's pages are encoded, for the host's cost model (not shipped: the node
+    /// reads its own manifest).
+    page_encoding: PageEncoding,
 }
 
 impl ScanLeafExec {
@@ -54,7 +59,7 @@ impl ScanLeafExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
-        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None }
+        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None, page_encoding: PageEncoding::default() }
     }
 
     /// The leaf with the host's estimate of its output, which DataFusion propagates through
@@ -62,6 +67,17 @@ impl ScanLeafExec {
     pub fn with_statistics(mut self, statistics: Statistics) -> Self {
         self.statistics = Some(Arc::new(statistics));
         self
+    }
+
+    /// The leaf of a table whose pages are encoded as `page_encoding`.
+    pub fn with_page_encoding(mut self, page_encoding: PageEncoding) -> Self {
+        self.page_encoding = page_encoding;
+        self
+    }
+
+    /// How the table's pages are encoded (as the host knows it).
+    pub fn page_encoding(&self) -> PageEncoding {
+        self.page_encoding
     }
 
     /// What it reads.

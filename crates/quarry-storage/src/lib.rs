@@ -10,7 +10,9 @@ pub mod api;
 pub mod catalog;
 pub mod fragment;
 pub mod grace_join;
+pub mod graph_job;
 pub mod local;
+pub mod plain_select;
 pub mod plan_metrics;
 pub mod profile;
 
@@ -20,4 +22,5 @@ pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragme
 pub use grace_join::GraceHashJoinExec;
 pub use plan_metrics::{OperatorIo, operator_io, plan_metric_sum};
 pub use local::{CALIBRATION_FILE, LocalStorageNode};
+pub use plain_select::PlainSelectExec;
 pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size};

@@ -32,7 +32,9 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
@@ -40,7 +42,9 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Sendable
 use datafusion::prelude::SessionConfig;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use quarry_table::{SegmentMeta, TableSnapshot, Warehouse};
+use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+use quarry_table::{PageEncoding, SegmentMeta, TableSnapshot, Warehouse};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -49,6 +53,8 @@ use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
+use crate::graph_job::{GraphJob, GraphJobOutput, run_graph_job};
+use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
 
 /// Default device memory when a profile sets none.
@@ -135,6 +141,23 @@ impl LocalStorageNode {
         self
     }
 
+    /// Runs a graph job next to the data, as one session: it waits for a grant like a
+    /// fragment, runs on the device's threads, and may not ask for more than the device's
+    /// memory. Only its summary is returned; its result is a table of this node.
+    pub async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
+        if let (Some(asked), Some(memory)) = (job.memory_bytes(), self.profile.device_memory)
+            && asked > memory
+        {
+            return plan_err!("the graph job asks for {asked} bytes of memory; this node's device has {memory}");
+        }
+        let _session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
+        let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
+        tokio::task::spawn_blocking(move || run_graph_job(&warehouse, job, threads, None))
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?
+            .map_err(DataFusionError::Execution)
+    }
+
     /// The warehouse served.
     pub fn warehouse(&self) -> &Warehouse {
         &self.warehouse
@@ -197,6 +220,9 @@ impl LocalStorageNode {
             if let Some(filter) = plan.downcast_ref::<FilterExec>()
                 && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
             {
+                if let Some(select) = self.bind_plain_select(filter, leaf, stats).await? {
+                    return Ok(select);
+                }
                 let scan = self.bind_leaf(leaf, Some(filter.predicate()), stats).await?;
                 return Arc::clone(&plan).with_new_children(vec![scan]);
             }
@@ -221,9 +247,58 @@ impl LocalStorageNode {
     async fn bind_leaf(&self, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
         let request = leaf.leaf();
         let snapshot = self.warehouse.table_version(&request.table, request.version).map_err(table_error)?;
+        let kept = self.kept_segments(&snapshot, leaf, predicate, stats)?;
+        if kept.is_empty() {
+            return Ok(Arc::new(EmptyExec::new(leaf.schema())));
+        }
+        let table_schema = scan_schema(&snapshot.schema);
+        self.parquet_scan(&snapshot, &kept, &table_schema, request).await
+    }
+
+    /// A filter directly over a leaf of a table with PLAIN pages, as a [`PlainSelectExec`]
+    /// (which reads selected values by offset); `None` where that does not apply.
+    async fn bind_plain_select(&self, filter: &FilterExec, leaf: &ScanLeafExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let request = leaf.leaf();
+        let snapshot = self.warehouse.table_version(&request.table, request.version).map_err(table_error)?;
+        let applies = snapshot.manifest.page_encoding == PageEncoding::Plain
+            && request.limit.is_none()
+            && PlainSelectExec::supports(&leaf.schema());
+        if !applies {
+            return Ok(None);
+        }
+        let kept = self.kept_segments(&snapshot, leaf, Some(filter.predicate()), stats)?;
+        if kept.is_empty() {
+            return Ok(Some(Arc::new(EmptyExec::new(leaf.schema()))));
+        }
+        let segments = kept
+            .iter()
+            .map(|s| {
+                let path = snapshot.segment_path(s);
+                let path = ObjectPath::from_filesystem_path(&path).map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
+                Ok(PlainSegment { path, size: s.bytes })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let threads = self.profile.threads();
+        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let select: Arc<dyn ExecutionPlan> = Arc::new(PlainSelectExec::try_new(segments, threads, leaf.schema(), Arc::clone(filter.predicate()), store)?);
+        // A filter may carry the projection above it.
+        Ok(Some(match filter.projection() {
+            Some(indices) => {
+                let schema = leaf.schema();
+                let exprs = indices.iter().map(|&i| (Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>, schema.field(i).name().clone()));
+                Arc::new(ProjectionExec::try_new(exprs, select)?)
+            }
+            None => select,
+        }))
+    }
+
+    /// The leaf's segments that survive the manifest's statistics under `predicate` (the
+    /// filter the fragment applies directly above the leaf), their files checked.
+    fn kept_segments<'s>(&self, snapshot: &'s TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Vec<&'s SegmentMeta>> {
+        let request = leaf.leaf();
         let table_schema = scan_schema(&snapshot.schema);
         let output = leaf.schema();
-        let segments = select_segments(&snapshot, &request.segments)?;
+        let segments = select_segments(snapshot, &request.segments)?;
         let requested = segments.len();
         stats.segments_requested += requested as u64;
         let kept: Vec<&SegmentMeta> = match predicate
@@ -237,13 +312,10 @@ impl LocalStorageNode {
         };
         stats.segments_pruned += (requested - kept.len()) as u64;
         stats.rows_scanned += kept.iter().map(|s| s.rows).sum::<u64>();
-        if kept.is_empty() {
-            return Ok(Arc::new(EmptyExec::new(output)));
-        }
         for segment in &kept {
-            check_segment_file(&snapshot, segment)?;
+            check_segment_file(snapshot, segment)?;
         }
-        self.parquet_scan(&snapshot, &kept, &table_schema, request).await
+        Ok(kept)
     }
 
     async fn parquet_scan(&self, snapshot: &TableSnapshot, segments: &[&SegmentMeta], schema: &SchemaRef, leaf: &ScanLeaf) -> Result<Arc<dyn ExecutionPlan>> {
@@ -369,22 +441,18 @@ struct WorkerTimes {
 }
 
 /// Drives one output partition, sending its batches to the fragment's stream. Under a device
-/// profile each step holds one of the device's threads and, after it, pauses for the time the
-/// slower device CPU would have needed beyond ours.
+/// profile each poll that computes holds one of the device's threads (a poll waiting for a read
+/// gives it back: the device's flash channels read while its cores compute) and, after it, the
+/// worker pauses, still holding the thread, for the time the slower device CPU would have
+/// needed beyond ours.
 async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>) {
     // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in sleeps of at
     // least MIN_SLEEP, since a timer rounds each sleep up to its resolution (1 ms): paying
     // every step's few microseconds separately would slow the device far below its profile.
     let mut owed_ns: i64 = 0;
     loop {
-        let permit = match &pacing {
-            Some(p) => match Arc::clone(&p.threads).acquire_owned().await {
-                Ok(permit) => Some(permit),
-                Err(_) => return,
-            },
-            None => None,
-        };
-        let (item, cpu_ns) = CpuTimed { inner: stream.next(), cpu_ns: 0 }.await;
+        let threads = pacing.as_ref().map(|p| Arc::clone(&p.threads));
+        let (item, cpu_ns, permit) = DevicePoll { inner: stream.next(), threads, acquiring: None, cpu_ns: 0 }.await;
         times.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
         if let Some(p) = &pacing {
             owed_ns += (cpu_ns as f64 * (p.slowdown - 1.0)) as i64;
@@ -406,20 +474,42 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
     }
 }
 
-/// A future that measures the CPU time of its polls on the threads that ran them.
-struct CpuTimed<F> {
+type Acquiring = Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, tokio::sync::AcquireError>> + Send>>;
+
+/// Polls `inner` holding a permit of `threads` (when given) and measures the CPU time of its
+/// polls on the threads that ran them. A poll that returns pending gives the permit back; the
+/// permit of the poll that completes is returned with the output, for the pause after it.
+struct DevicePoll<F> {
     inner: F,
+    threads: Option<Arc<Semaphore>>,
+    acquiring: Option<Acquiring>,
     cpu_ns: u64,
 }
 
-impl<F: Future + Unpin> Future for CpuTimed<F> {
-    type Output = (F::Output, u64);
+impl<F: Future + Unpin> Future for DevicePoll<F> {
+    type Output = (F::Output, u64, Option<OwnedSemaphorePermit>);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let permit = match &this.threads {
+            Some(threads) => {
+                let acquiring = this.acquiring.get_or_insert_with(|| Box::pin(Arc::clone(threads).acquire_owned()));
+                match acquiring.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    // The semaphore is never closed; were it, the worker would run unpaced.
+                    Poll::Ready(permit) => {
+                        this.acquiring = None;
+                        permit.ok()
+                    }
+                }
+            }
+            None => None,
+        };
         let before = thread_cpu_ns();
-        let polled = Pin::new(&mut self.inner).poll(cx);
-        self.cpu_ns += thread_cpu_ns().saturating_sub(before);
-        polled.map(|output| (output, self.cpu_ns))
+        let polled = Pin::new(&mut this.inner).poll(cx);
+        this.cpu_ns += thread_cpu_ns().saturating_sub(before);
+        // Pending: `permit` drops here, and the device thread is free while the read runs.
+        polled.map(|output| (output, this.cpu_ns, permit))
     }
 }
 

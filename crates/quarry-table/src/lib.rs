@@ -17,5 +17,5 @@ pub mod warehouse;
 
 pub use error::{Result, TableError};
 pub use manifest::{ColumnStats, Manifest, SegmentMeta, TableSchema};
-pub use segment::{SegmentOptions, SegmentWriter};
+pub use segment::{PageEncoding, SegmentOptions, SegmentWriter};
 pub use warehouse::{TableSnapshot, TableWriter, Warehouse, WriteMode};

@@ -12,6 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TableError};
+use crate::segment::PageEncoding;
 
 /// Manifest layout version written by this build; readers reject newer ones.
 pub const MANIFEST_FORMAT_VERSION: u32 = 1;
@@ -35,6 +36,9 @@ pub struct Manifest {
     /// Columns whose segments carry Parquet Bloom filters.
     #[serde(default)]
     pub bloom_filter_columns: Vec<String>,
+    /// How the table's data pages are encoded (appends keep it).
+    #[serde(default)]
+    pub page_encoding: PageEncoding,
     /// Free-form key/values (e.g. which generator and scale factor made the table).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,

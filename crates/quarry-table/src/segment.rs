@@ -10,7 +10,8 @@ use arrow::datatypes::SchemaRef;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
-use parquet::basic::Compression;
+use parquet::basic::{Compression, Encoding};
+use serde::{Deserialize, Serialize};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
@@ -31,6 +32,43 @@ pub const BLOOM_FILTER_FPP: f64 = 0.01;
 pub struct SegmentOptions {
     /// Columns that get a Bloom filter.
     pub bloom_filter_columns: Vec<String>,
+    /// How data pages are encoded.
+    pub page_encoding: PageEncoding,
+}
+
+/// How a table's data pages are encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageEncoding {
+    /// Dictionary encoding where it pays, Snappy-compressed pages: smaller files.
+    #[default]
+    Compact,
+    /// PLAIN-encoded, uncompressed pages. A fixed-width value sits at a computable offset, so a
+    /// scan that selects few rows skips the others' values without decoding them; this is the
+    /// layout of the Smart SSD paper's uncompressed PAX pages, which its selectivity sweep ran on.
+    Plain,
+}
+
+impl PageEncoding {
+    /// The name used on the command line and in manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            PageEncoding::Compact => "compact",
+            PageEncoding::Plain => "plain",
+        }
+    }
+}
+
+impl std::str::FromStr for PageEncoding {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "compact" => Ok(PageEncoding::Compact),
+            "plain" => Ok(PageEncoding::Plain),
+            other => Err(format!("unknown page encoding '{other}' (expected compact or plain)")),
+        }
+    }
 }
 
 /// Writes one segment file. Dropping it without [`SegmentWriter::finish`] deletes the file.
@@ -50,8 +88,11 @@ impl SegmentWriter {
         let mut props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .set_data_page_row_count_limit(DATA_PAGE_ROWS)
-            .set_statistics_enabled(EnabledStatistics::Page)
-            .set_compression(Compression::SNAPPY);
+            .set_statistics_enabled(EnabledStatistics::Page);
+        props = match options.page_encoding {
+            PageEncoding::Compact => props.set_compression(Compression::SNAPPY),
+            PageEncoding::Plain => props.set_compression(Compression::UNCOMPRESSED).set_dictionary_enabled(false).set_encoding(Encoding::PLAIN),
+        };
         for column in &options.bloom_filter_columns {
             props = props
                 .set_column_bloom_filter_enabled(ColumnPath::from(column.as_str()), true)

@@ -225,6 +225,11 @@ impl Warehouse {
             }
         }
         let base = if mode == WriteMode::Append { base } else { base.map(|m| Manifest { segments: vec![], ..m }) };
+        let mut options = options;
+        if let (WriteMode::Append, Some(base)) = (mode, &base) {
+            // A table's pages keep one encoding, so its scans cost the same in every segment.
+            options.page_encoding = base.page_encoding;
+        }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let id_prefix = format!("{:x}{:08x}-{}", now.as_secs(), now.subsec_nanos(), std::process::id());
         Ok(TableWriter {
@@ -271,6 +276,7 @@ impl TableWriter {
             schema: TableSchema::from_arrow(&self.schema),
             sort_key: self.sort_key.clone(),
             bloom_filter_columns: self.options.bloom_filter_columns.clone(),
+            page_encoding: self.options.page_encoding,
             properties: props,
             segments: all_segments,
         };
