@@ -5,7 +5,7 @@ use std::sync::Arc;
 use arrow::array::{Date32Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use quarry_table::ingest::write_batches;
-use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
+use quarry_table::{PageEncoding, SegmentOptions, TableError, Warehouse, WriteMode};
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -164,7 +164,7 @@ fn invalid_table_names_are_rejected() {
 fn parallel_chunks_commit_in_chunk_order() {
     let dir = tempfile::tempdir().unwrap();
     let warehouse = Warehouse::open(dir.path()).unwrap();
-    let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions { bloom_filter_columns: vec!["id".into()] }, vec![]).unwrap();
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions { bloom_filter_columns: vec!["id".into()], ..Default::default() }, vec![]).unwrap();
     let segments = quarry_table::ingest::write_chunks_parallel(
         &writer,
         8,
@@ -177,4 +177,29 @@ fn parallel_chunks_commit_in_chunk_order() {
     let mins: Vec<&str> = manifest.segments.iter().map(|s| s.columns[0].min.as_deref().unwrap()).collect();
     assert_eq!(mins, ["0", "100", "200", "300", "400", "500", "600", "700"]);
     assert_eq!(manifest.properties["generator"], "test");
+}
+
+#[test]
+fn plain_pages_are_uncompressed_and_appends_keep_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let write = |mode, encoding, ids: std::ops::Range<i64>| {
+        let options = SegmentOptions { page_encoding: encoding, ..Default::default() };
+        let writer = warehouse.begin_write("t", &schema(), mode, options, vec![]).unwrap();
+        let segments = write_batches(&writer, std::iter::once(Ok(batch(ids))), &|_| {}).unwrap();
+        writer.commit(segments, vec![]).unwrap()
+    };
+    write(WriteMode::Replace, PageEncoding::Plain, 0..100);
+    // An append asking for compact pages still writes the table's plain ones.
+    let manifest = write(WriteMode::Append, PageEncoding::Compact, 100..200);
+    assert_eq!(manifest.page_encoding, PageEncoding::Plain);
+    for segment in &manifest.segments {
+        for column in &segment.columns {
+            assert_eq!(column.compression, "UNCOMPRESSED", "{}", column.name);
+            assert!(!column.encodings.iter().any(|e| e.contains("DICTIONARY")), "{}: {:?}", column.name, column.encodings);
+        }
+    }
+    let replaced = write(WriteMode::Replace, PageEncoding::Compact, 0..100);
+    assert_eq!(replaced.page_encoding, PageEncoding::Compact);
+    assert_eq!(replaced.segments[0].columns[0].compression, "SNAPPY");
 }
