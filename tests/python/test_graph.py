@@ -86,6 +86,17 @@ def test_pagerank_matches_networkx(quarry_bin, imported):
         assert ranks[vertex][0] == pytest.approx(value, rel=1e-6), vertex
 
 
+def test_pagerank_with_bloom_filter_active_list_matches_networkx(quarry_bin, imported):
+    """--tolerance runs Algorithm 4 (recompute only the vertices still moving) to the same ranks."""
+    warehouse, graph = imported
+    out = run(quarry_bin, warehouse, "graph", "pagerank", "g", "--tolerance", "1e-13", "--iterations", "500", "--memory", "4MB", "--table", "g_pr_bloom")
+    assert "Bloom-filter active list" in out, out
+    ranks = result(warehouse, "g_pr_bloom")
+    expected = nx.pagerank(graph, alpha=0.85, weight=None, tol=1e-14, max_iter=10_000)
+    for vertex, value in expected.items():
+        assert ranks[vertex][0] == pytest.approx(value, rel=1e-6), vertex
+
+
 def test_connected_components_match_networkx(quarry_bin, imported):
     warehouse, graph = imported
     run(quarry_bin, warehouse, "graph", "cc", "g", "--memory", "4MB")

@@ -98,9 +98,13 @@ struct AlgoArgs {
     /// Source vertex (BFS, SSSP, BC).
     #[arg(long)]
     root: Option<u64>,
-    /// Iterations (PageRank).
+    /// Iterations (PageRank; with --tolerance, the most).
     #[arg(long, default_value_t = 20)]
     iterations: u64,
+    /// PageRank: after the first iteration, recompute only vertices whose rank moved by more
+    /// than this (Algorithm 4's Bloom-filter active list); stop when none does.
+    #[arg(long)]
+    tolerance: Option<f64>,
     /// Number of sampled sources (BC, instead of --root).
     #[arg(long)]
     sources: Option<u64>,
@@ -118,6 +122,7 @@ impl AlgoArgs {
             graph: self.name,
             root: self.root,
             iterations: self.iterations,
+            tolerance: self.tolerance,
             sources: self.sources,
             table: self.table,
             memory_bytes: self.memory.memory as u64,

@@ -926,6 +926,166 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
     }
 }
 
+impl<V: Value + PartialEq> Engine<'_, V> {
+    /// One superstep of Algorithm 4 (sort-reduce with custom active list generation, the
+    /// paper's PageRank): only the vertices of `recompute` get new values.
+    ///
+    /// 1. **Mark.** Every vertex of `recompute` (ascending) adds the sources of its in-edges to
+    ///    a Bloom filter of at most `bloom_bytes`, taken from the sort-reducer's share of the
+    ///    budget: those are the vertices whose updates it needs.
+    /// 2. **Scatter.** The whole keyspace is read in order; a vertex in the filter runs the edge
+    ///    program on its out-edges. [`VertexProgram::aggregate`] is summed over *every* vertex
+    ///    (PageRank's dangling rank must count all of them).
+    /// 3. **Apply.** The sort-reduced updates are finalized for `recompute`'s vertices only: a
+    ///    vertex outside it may have heard from just some of its in-neighbours (the paper
+    ///    stores a superstep stamp in `V` for this; the sorted `recompute` list does the same).
+    ///    The next list holds the vertices that [`VertexProgram::is_active`] keeps.
+    ///
+    /// The program must send along out-edges only; the graph needs its reverse (in-edges).
+    pub fn superstep_bloom<P: VertexProgram<Value = V>>(&mut self, program: &P, recompute: &Frontier<V>, bloom_bytes: usize) -> Result<Frontier<V>> {
+        if program.directions() != [Direction::Out] {
+            return Err(Error::invalid("Algorithm 4 scatters along out-edges only"));
+        }
+        self.graph.require(Direction::In)?;
+        match self.graph.meta().id_width {
+            IdWidth::U32 => self.superstep_bloom_with::<P, u32>(program, recompute, bloom_bytes),
+            IdWidth::U64 => self.superstep_bloom_with::<P, u64>(program, recompute, bloom_bytes),
+        }
+    }
+
+    fn superstep_bloom_with<P, K>(&mut self, program: &P, recompute: &Frontier<V>, bloom_bytes: usize) -> Result<Frontier<V>>
+    where
+        P: VertexProgram<Value = V>,
+        K: VertexKey,
+    {
+        let started = Instant::now();
+        let graph = self.graph;
+        let vertices = graph.vertices();
+        self.superstep += 1;
+        let superstep = self.superstep;
+        let io = self.plan.io_buffer;
+        let (value_read0, value_written0) = (self.values.bytes_read(), self.values.bytes_written());
+        let bloom_bytes = bloom_bytes.min(self.plan.sort_reduce_bytes / 2);
+        let recompute_len = match recompute {
+            Frontier::All => vertices,
+            Frontier::List(l) | Frontier::Vertices(l) => l.len(),
+        };
+
+        // Mark: in-neighbours of the vertices to recompute (all vertices: no filter needed).
+        let mut active_bytes_read = 0;
+        let mut graph_bytes_read = 0;
+        let bloom = match recompute {
+            Frontier::All => None,
+            Frontier::List(list) | Frontier::Vertices(list) => {
+                let mut bloom = crate::bloom::BloomFilter::new(graph.edges_count().min(vertices), bloom_bytes);
+                let mut in_edges = AdjCursor::open(graph, Direction::In, io)?;
+                let mut reader = list.reader(io)?;
+                while let Some((k, _)) = reader.next_record()? {
+                    self.check_vertex(k)?;
+                    let (start, end) = in_edges.range(k)?;
+                    in_edges.scan(start, end, |src, _| {
+                        bloom.insert(src);
+                        Ok(())
+                    })?;
+                }
+                active_bytes_read = reader.reader.bytes_read();
+                graph_bytes_read += in_edges.bytes_read();
+                Some(bloom)
+            }
+        };
+        let bloom_held = bloom.as_ref().map_or(0, |b| b.bytes());
+
+        // Scatter: the keyspace in order; vertices in the filter send along their out-edges.
+        let config = SortReduceConfig::new(self.plan.sort_reduce_bytes - bloom_held)
+            .with_threads(self.config.threads.max(1))
+            .with_temp_dir(self.dir.path());
+        let reducer = SortReducer::new(config, |a, b| program.vertex_update(a, b))?;
+        let out_edges = AdjCursor::open(graph, Direction::Out, io)?;
+        let (mut aggregate, mut sources) = (0.0, 0);
+        let mut scatter = Scatter::<P, K, _> { program, cursors: vec![(Direction::Out, out_edges)], reducer, vertices, active: 0, edges: 0, updates: 0, aggregate: 0.0 };
+        for v in 0..vertices {
+            let value = self.values.get(v)?;
+            let (start, end) = scatter.cursors[0].1.range(v)?;
+            aggregate += program.aggregate(v, &value, end - start);
+            if bloom.as_ref().is_none_or(|b| b.contains(v)) {
+                sources += 1;
+                scatter.visit(v, &value)?;
+            }
+            if v % PROGRESS_EVERY == 0 {
+                self.config.progress.report(ProgressEvent::Scatter { superstep, visited: v, active_total: Some(vertices), edges: scatter.edges });
+            }
+        }
+        drop(bloom);
+        let Scatter { reducer, cursors, edges, updates, .. } = scatter;
+        graph_bytes_read += cursors.iter().map(|(_, c)| c.bytes_read()).sum::<u64>();
+        drop(cursors);
+        let step = StepContext { superstep, vertices, active: recompute_len, aggregate };
+
+        // Apply: finalize the vertices to recompute; ignore partial sums of the others.
+        let mut new_v = reducer.finish()?;
+        let mut pending = new_v.next_record()?;
+        let mut changed = 0;
+        let mut writer = self.list_writer()?;
+        let keys: Box<dyn Iterator<Item = Result<u64>>> = match recompute {
+            Frontier::All => Box::new((0..vertices).map(Ok)),
+            Frontier::List(list) | Frontier::Vertices(list) => {
+                active_bytes_read += list.len() * (8 + V::WIDTH) as u64;
+                Box::new(list.reader(io)?.map(|record| record.map(|(k, _)| k)))
+            }
+        };
+        for k in keys {
+            let k = k?;
+            while let Some((key, _)) = pending
+                && key.to_u64() < k
+            {
+                pending = new_v.next_record()?;
+            }
+            let update = match pending {
+                Some((key, update)) if key.to_u64() == k => {
+                    pending = new_v.next_record()?;
+                    Some(update)
+                }
+                _ => None,
+            };
+            let old = self.values.get(k)?;
+            let new = program.finalize(&step, k, old, update);
+            if new != old {
+                self.values.set(k, new)?;
+                changed += 1;
+            }
+            if program.is_active(&old, &new) {
+                writer.push(k, new)?;
+            }
+        }
+        let (list, active_bytes_written) = writer.finish()?;
+        let next_active = list.len();
+        self.values.flush()?;
+        let sort_reduce = new_v.stats();
+        drop(new_v);
+        self.stats.supersteps.push(SuperstepStats {
+            superstep,
+            active_vertices: sources,
+            edges_traversed: edges,
+            updates_emitted: updates,
+            records_after_reduce: sort_reduce.records_out,
+            vertices_changed: changed,
+            next_active,
+            aggregate,
+            graph_bytes_read,
+            value_bytes_read: self.values.bytes_read() - value_read0,
+            value_bytes_written: self.values.bytes_written() - value_written0,
+            active_bytes_read,
+            active_bytes_written,
+            sort_reduce,
+            elapsed: started.elapsed(),
+        });
+        if let Some(last) = self.stats.supersteps.last() {
+            self.config.progress.report(ProgressEvent::Finished(last));
+        }
+        Ok(Frontier::List(list))
+    }
+}
+
 /// The scatter phase's state: the program, the CSR cursors and the sort-reducer.
 struct Scatter<'p, P: VertexProgram, K: Key, F> {
     program: &'p P,

@@ -46,6 +46,7 @@
 #![warn(missing_docs)]
 
 pub mod algorithms;
+mod bloom;
 pub mod csr;
 pub mod engine;
 mod error;

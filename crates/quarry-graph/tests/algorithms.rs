@@ -334,6 +334,7 @@ fn check_all(g: &Graph, roots: &[u64], temp: &Path, bc_sources: &[u64]) {
     let options = PageRankOptions {
         damping: 0.85,
         iterations: 10,
+        tolerance: None,
     };
     let out = pagerank(g, &options, &cfg).unwrap();
     let got = out.ranks.to_vec().unwrap();
@@ -495,6 +496,7 @@ fn kronecker_graphs_all_algorithms() {
         &PageRankOptions {
             damping: 0.85,
             iterations: 1,
+            tolerance: None,
         },
         &config(&temp),
     )
@@ -676,6 +678,7 @@ fn measure_scale20() {
         &PageRankOptions {
             damping: 0.85,
             iterations: 1,
+            tolerance: None,
         },
         &cfg,
     )
@@ -691,4 +694,29 @@ fn measure_scale20() {
         s.sort_reduce.runs_written,
         s.sort_reduce.peak_reserved >> 20
     );
+}
+
+/// Algorithm 4 (tolerance set): converges to the same ranks as the plain power iteration,
+/// and its later iterations scatter from fewer vertices than the graph has.
+#[test]
+fn pagerank_with_bloom_active_list_converges_to_pagerank() {
+    let temp = tempfile::tempdir().unwrap();
+    let (graph, _) = generate_kronecker(&KroneckerParams::graph500(10), temp.path().join("g"), ImportOptions::default().with_memory_bytes(8 << 20).with_reverse(true)).unwrap();
+    let cfg = EngineConfig::new(8 << 20).with_temp_dir(temp.path());
+    let plain = pagerank(&graph, &PageRankOptions { damping: 0.85, iterations: 200, tolerance: None }, &cfg).unwrap();
+    let bloom = pagerank(&graph, &PageRankOptions { damping: 0.85, iterations: 200, tolerance: Some(1e-12) }, &cfg).unwrap();
+    let (plain_ranks, bloom_ranks) = (plain.ranks.to_vec().unwrap(), bloom.ranks.to_vec().unwrap());
+    for (v, (a, b)) in plain_ranks.iter().zip(&bloom_ranks).enumerate() {
+        // Stopped vertices may lag by a few tolerances.
+        assert!((a - b).abs() <= 1e-10, "vertex {v}: {a} vs {b}");
+    }
+    let steps = &bloom.stats.supersteps;
+    assert!(steps.len() < 200, "stopped when no rank moved: {} iterations", steps.len());
+    assert_eq!(steps[0].active_vertices, graph.vertices());
+    // Once the dangling rank settles, iterations scatter only from the in-neighbours of the
+    // vertices still moving: fewer edges than the graph has.
+    let last = steps.last().unwrap();
+    assert!(last.edges_traversed < graph.edges_count(), "last iteration traversed {} of {} edges", last.edges_traversed, graph.edges_count());
+    let total: u64 = steps.iter().map(|s| s.edges_traversed).sum();
+    assert!(total < steps.len() as u64 * graph.edges_count(), "{total} edges in {} iterations", steps.len());
 }

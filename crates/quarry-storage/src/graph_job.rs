@@ -60,8 +60,12 @@ pub enum GraphJob {
         graph: String,
         /// Source vertex (BFS, SSSP, BC).
         root: Option<u64>,
-        /// Iterations (PageRank).
+        /// Iterations (PageRank; with a tolerance, the most).
         iterations: u64,
+        /// PageRank: recompute only vertices whose rank moved by more than this (Algorithm 4's
+        /// Bloom-filter active list).
+        #[serde(default)]
+        tolerance: Option<f64>,
         /// Sampled sources (BC, instead of `root`).
         sources: Option<u64>,
         /// Result table (default `<graph>_<algorithm>`).
@@ -306,7 +310,7 @@ pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progr
                 started.elapsed().as_secs_f64()
             )))
         }
-        GraphJob::Run { algorithm, graph: name, root, iterations, sources, table, memory_bytes } => {
+        GraphJob::Run { algorithm, graph: name, root, iterations, tolerance, sources, table, memory_bytes } => {
             let graph = home.graph(&name)?;
             let mut config = EngineConfig::new(memory_bytes as usize).with_threads(threads).with_temp_dir(&home.temp);
             if let Some(progress) = progress {
@@ -329,11 +333,15 @@ pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progr
                     (vec![result.stats], format!("{} components", result.components))
                 }
                 GraphAlgorithm::Pagerank => {
-                    let options = PageRankOptions { iterations, ..Default::default() };
+                    let options = PageRankOptions { iterations, tolerance, ..Default::default() };
                     let result = pagerank(&graph, &options, &config).map_err(|e| e.to_string())?;
                     let values = result.ranks.iter().map_err(|e| e.to_string())?.map(|v| v.map(|r| (Some(r), None)));
                     write_result(warehouse, &table, ResultColumns::Float("rank"), values)?;
-                    (vec![result.stats], format!("{iterations} iterations"))
+                    let ran = result.stats.supersteps.len();
+                    (vec![result.stats], match tolerance {
+                        Some(t) => format!("{ran} iterations (at most {iterations}; Bloom-filter active list, tolerance {t:e})"),
+                        None => format!("{ran} iterations"),
+                    })
                 }
                 GraphAlgorithm::Sssp => {
                     let result = sssp(&graph, root()?, &config).map_err(|e| e.to_string())?;
