@@ -55,7 +55,9 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         let on = session(PushdownMode::On).await?;
         let n = rows as f64;
         let decode = best(&off, "SELECT * FROM calibration").await? / (n * 4.0 * COLUMNS as f64);
-        let filter = (best(&on, "SELECT col1 FROM calibration WHERE col2 < 0").await? / n - decode * 4.0).max(0.1);
+        // A predicate no row passes and no statistics can prune (a bound on one column would
+        // skip every segment unread): column against column.
+        let filter = (best(&on, "SELECT col1 FROM calibration WHERE col2 < col3 - 100000000").await? / n - decode * 8.0).max(0.1);
         let aggregate = (best(&on, "SELECT col1 % 1000, SUM(col2) FROM calibration GROUP BY 1").await? / n - decode * 8.0).max(0.1);
         let join = (best(&off, "SELECT COUNT(*) FROM calibration a JOIN calibration b ON a.col1 = b.col1").await? / (2.0 * n) - decode * 4.0).max(0.1);
         Ok(Calibration { decode_ns_per_byte: decode, filter_ns_per_row: filter, aggregate_ns_per_row: aggregate, join_ns_per_row: join, ..Calibration::default() })

@@ -862,12 +862,7 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
                 while let Some((key, update)) = new_v.next_record()? {
                     let v = key.to_u64();
                     self.check_vertex(v)?;
-                    let old = self.values.get(v)?;
-                    let new = program.finalize(&step, v, old, Some(update));
-                    if new != old {
-                        self.values.set(v, new)?;
-                        changed += 1;
-                    }
+                    let (old, new) = self.finalize_vertex(program, &step, v, Some(update), &mut changed)?;
                     if program.is_active(&old, &new) {
                         writer.push(v, new)?;
                     }
@@ -886,12 +881,7 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
                         }
                         _ => None,
                     };
-                    let old = self.values.get(v)?;
-                    let new = program.finalize(&step, v, old, update);
-                    if new != old {
-                        self.values.set(v, new)?;
-                        changed += 1;
-                    }
+                    self.finalize_vertex(program, &step, v, update, &mut changed)?;
                 }
                 if let Some((key, _)) = pending {
                     self.check_vertex(key.to_u64())?;
@@ -902,7 +892,7 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
         self.values.flush()?;
         let sort_reduce = new_v.stats();
         drop(new_v);
-        self.stats.supersteps.push(SuperstepStats {
+        self.record_step(SuperstepStats {
             superstep,
             active_vertices: active,
             edges_traversed: edges,
@@ -919,14 +909,31 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
             sort_reduce,
             elapsed: started.elapsed(),
         });
-        if let Some(last) = self.stats.supersteps.last() {
-            self.config.progress.report(ProgressEvent::Finished(last));
-        }
         Ok(next)
     }
 }
 
 impl<V: Value + PartialEq> Engine<'_, V> {
+    /// Finalizes `v` with its combined update, storing the new value (and counting it in
+    /// `changed`) when it differs; returns the old and the new value.
+    fn finalize_vertex<P: VertexProgram<Value = V>>(&mut self, program: &P, step: &StepContext, v: u64, update: Option<P::Update>, changed: &mut u64) -> Result<(V, V)> {
+        let old = self.values.get(v)?;
+        let new = program.finalize(step, v, old, update);
+        if new != old {
+            self.values.set(v, new)?;
+            *changed += 1;
+        }
+        Ok((old, new))
+    }
+
+    /// Keeps a finished superstep's counters and tells the progress listener.
+    fn record_step(&mut self, step: SuperstepStats) {
+        self.stats.supersteps.push(step);
+        if let Some(last) = self.stats.supersteps.last() {
+            self.config.progress.report(ProgressEvent::Finished(last));
+        }
+    }
+
     /// One superstep of Algorithm 4 (sort-reduce with custom active list generation, the
     /// paper's PageRank): only the vertices of `recompute` get new values.
     ///
@@ -1047,12 +1054,7 @@ impl<V: Value + PartialEq> Engine<'_, V> {
                 }
                 _ => None,
             };
-            let old = self.values.get(k)?;
-            let new = program.finalize(&step, k, old, update);
-            if new != old {
-                self.values.set(k, new)?;
-                changed += 1;
-            }
+            let (old, new) = self.finalize_vertex(program, &step, k, update, &mut changed)?;
             if program.is_active(&old, &new) {
                 writer.push(k, new)?;
             }
@@ -1062,7 +1064,7 @@ impl<V: Value + PartialEq> Engine<'_, V> {
         self.values.flush()?;
         let sort_reduce = new_v.stats();
         drop(new_v);
-        self.stats.supersteps.push(SuperstepStats {
+        self.record_step(SuperstepStats {
             superstep,
             active_vertices: sources,
             edges_traversed: edges,
@@ -1079,9 +1081,6 @@ impl<V: Value + PartialEq> Engine<'_, V> {
             sort_reduce,
             elapsed: started.elapsed(),
         });
-        if let Some(last) = self.stats.supersteps.last() {
-            self.config.progress.report(ProgressEvent::Finished(last));
-        }
         Ok(Frontier::List(list))
     }
 }
