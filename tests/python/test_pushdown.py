@@ -178,3 +178,16 @@ def test_plain_pages_select_on_node(plain_node, sql, tmp_path):
         # (col1 < 0 prunes every segment by its statistics: nothing is left to select from.)
         all_pruned = detail["segments_pruned"] == detail["segments_requested"]
         assert ("PlainSelectExec" in storage_ops) == (pushdown == "on" and not all_pruned), storage_ops
+
+
+def test_plain_pages_travel_to_nodes(tmp_path):
+    """`quarry gen --page-encoding plain --nodes` makes the nodes write plain pages too."""
+    node_warehouse = tmp_path / "node"
+    with q.StorageNodes([node_warehouse]) as nodes:
+        args = ["gen", "--page-encoding", "plain", "synthetic", "--columns", "3", "--rows", "5000", "--name", "p", "--nodes", nodes.arg]
+        q.run_quarry(args, tmp_path / "staging")
+        assert q.read_manifest(node_warehouse, "p")["page_encoding"] == "plain"
+        con = q.duckdb_connect(node_warehouse)
+        meta = con.execute(f"SELECT DISTINCT compression FROM parquet_metadata({q.segment_paths(node_warehouse, 'p')!r})").fetchall()
+        con.close()
+        assert meta == [("UNCOMPRESSED",)], meta

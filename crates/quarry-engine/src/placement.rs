@@ -16,7 +16,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Schema};
-use datafusion::common::JoinType;
+use datafusion::common::{JoinType, internal_err};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
@@ -159,32 +159,40 @@ impl PlacementRule {
             && !sort.preserve_partitioning()
         {
             chain[0] = Arc::new(sort.clone().with_preserve_partitioning(true));
-            let Some(pushed) = self.try_push(&chain, fragment)? else { return Ok(Transformed::no(plan)) };
-            let merge = SortPreservingMergeExec::new(sort.expr().clone(), pushed).with_fetch(sort.fetch());
-            return Ok(Transformed::yes(Arc::new(merge)));
         }
-        Ok(match self.try_push(&chain, fragment)? {
-            Some(pushed) => Transformed::yes(pushed),
-            None => Transformed::no(plan),
-        })
+        let depth = chain.len();
+        match self.try_push(&chain, fragment)? {
+            Push::Pushed(pushed) => match plan.downcast_ref::<SortExec>() {
+                Some(sort) if fragment.partitions().len() > 1 && !sort.preserve_partitioning() => {
+                    Ok(Transformed::yes(Arc::new(SortPreservingMergeExec::new(sort.expr().clone(), pushed).with_fetch(sort.fetch()))))
+                }
+                _ => Ok(Transformed::yes(pushed)),
+            },
+            // The operators stay on the host; the fragment keeps the decision for EXPLAIN.
+            Push::Kept(placement) => {
+                let noted: Arc<dyn ExecutionPlan> = Arc::new(fragment.with_root(Arc::clone(fragment.root()), Some(placement))?);
+                Ok(Transformed::yes(replace_fragment(&plan, depth, noted)?))
+            }
+            Push::Unshippable => Ok(Transformed::no(plan)),
+        }
     }
 
     /// `chain` (operators, top first, the last directly over `fragment`) moved into the
     /// fragment, if it should be.
-    fn try_push(&self, chain: &[Arc<dyn ExecutionPlan>], fragment: &FragmentExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    fn try_push(&self, chain: &[Arc<dyn ExecutionPlan>], fragment: &FragmentExec) -> Result<Push> {
         let mut root = Arc::clone(fragment.root());
         for op in chain.iter().rev() {
             root = Arc::clone(op).with_new_children(vec![root])?;
         }
         // Only what the wire format can carry is pushed (e.g. not a subquery expression).
         if check_shippable(&root, &self.decode_ctx).is_err() {
-            return Ok(None);
+            return Ok(Push::Unshippable);
         }
         let placement = self.decide(&root, fragment.root(), fragment.partitions(), chain);
         if !placement.pushed {
-            return Ok(None);
+            return Ok(Push::Kept(placement));
         }
-        Ok(Some(Arc::new(fragment.with_root(root, Some(placement))?)))
+        Ok(Push::Pushed(Arc::new(fragment.with_root(root, Some(placement))?)))
     }
 
     /// A join of two fragments on the same single node runs there (a Grace hash join within the
@@ -307,6 +315,28 @@ impl PhysicalOptimizerRule for PlacementRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// What became of operators offered to a fragment.
+enum Push {
+    /// They moved into it: the new fragment.
+    Pushed(Arc<dyn ExecutionPlan>),
+    /// The cost model (or `--pushdown`) kept them on the host.
+    Kept(Placement),
+    /// The wire format cannot carry them.
+    Unshippable,
+}
+
+/// `plan` with the fragment `depth` single-child levels below it replaced by `fragment`.
+fn replace_fragment(plan: &Arc<dyn ExecutionPlan>, depth: usize, fragment: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    if depth == 0 {
+        return Ok(fragment);
+    }
+    let [child] = plan.children()[..] else {
+        return internal_err!("expected one child under {}", plan.name());
+    };
+    let child = replace_fragment(child, depth - 1, fragment)?;
+    Arc::clone(plan).with_new_children(vec![child])
 }
 
 /// All partitions of the given fragments on one node, as one partition with every leaf's

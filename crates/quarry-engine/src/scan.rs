@@ -72,7 +72,9 @@ pub struct FragmentPartition {
 pub struct FragmentExec {
     root: Arc<dyn ExecutionPlan>,
     partitions: Vec<FragmentPartition>,
-    placement: Option<Placement>,
+    /// The placement rule's decisions about this fragment, pushed or kept on the host, in the
+    /// order made (`EXPLAIN` shows them).
+    decisions: Vec<Placement>,
     /// Whether the node may apply join filters (never in passthrough: `--pushdown off`).
     accepts_join_filters: bool,
     /// Join filters: the key bounds and key set of a hash join whose probe side this fragment
@@ -103,7 +105,7 @@ impl FragmentExec {
         Ok(FragmentExec {
             root,
             partitions,
-            placement: None,
+            decisions: Vec::new(),
             accepts_join_filters: false,
             join_filters: Vec::new(),
             properties: Arc::new(properties),
@@ -112,10 +114,11 @@ impl FragmentExec {
         })
     }
 
-    /// The same partitions running another root (the old one with operators added on top).
-    pub fn with_root(&self, root: Arc<dyn ExecutionPlan>, placement: Option<Placement>) -> Result<Self> {
+    /// The same partitions running another root (the old one with operators added on top),
+    /// with `decision` added to the placement decisions shown.
+    pub fn with_root(&self, root: Arc<dyn ExecutionPlan>, decision: Option<Placement>) -> Result<Self> {
         let mut fragment = FragmentExec::try_new(root, self.partitions.clone())?;
-        fragment.placement = placement;
+        fragment.decisions = self.decisions.iter().cloned().chain(decision).collect();
         fragment.accepts_join_filters = self.accepts_join_filters;
         fragment.join_filters = self.join_filters.clone();
         Ok(fragment)
@@ -124,7 +127,7 @@ impl FragmentExec {
     /// The same fragment, allowed to take join filters (the placement rule allows it unless
     /// `--pushdown off`).
     pub fn accepting_join_filters(&self) -> Result<Self> {
-        let mut fragment = self.with_root(Arc::clone(&self.root), self.placement.clone())?;
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
         fragment.accepts_join_filters = true;
         Ok(fragment)
     }
@@ -219,8 +222,8 @@ impl DisplayAs for FragmentExec {
         if !self.join_filters.is_empty() {
             write!(f, ", join filters={}", self.join_filters.len())?;
         }
-        if let Some(placement) = &self.placement {
-            write!(f, ", {placement}")?;
+        for decision in &self.decisions {
+            write!(f, ", {decision}")?;
         }
         // The node-side plan, innermost last, on one line.
         let mut storage_side = Vec::new();
@@ -344,7 +347,7 @@ impl ExecutionPlan for FragmentExec {
         if dynamic.is_empty() {
             return Ok(propagation);
         }
-        let mut fragment = self.with_root(Arc::clone(&self.root), self.placement.clone())?;
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
         fragment.join_filters.extend(dynamic);
         Ok(propagation.with_updated_node(Arc::new(fragment)))
     }

@@ -215,15 +215,17 @@ impl LocalStorageNode {
     fn bind<'a>(&'a self, plan: Arc<dyn ExecutionPlan>, stats: &'a mut ScanStats) -> BoxFuture<'a, Result<Arc<dyn ExecutionPlan>>> {
         async move {
             if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
-                return self.bind_leaf(leaf, None, stats).await;
+                let snapshot = self.leaf_snapshot(leaf)?;
+                return self.bind_leaf(&snapshot, leaf, None, stats).await;
             }
             if let Some(filter) = plan.downcast_ref::<FilterExec>()
                 && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
             {
-                if let Some(select) = self.bind_plain_select(filter, leaf, stats).await? {
+                let snapshot = self.leaf_snapshot(leaf)?;
+                if let Some(select) = self.bind_plain_select(&snapshot, filter, leaf, stats)? {
                     return Ok(select);
                 }
-                let scan = self.bind_leaf(leaf, Some(filter.predicate()), stats).await?;
+                let scan = self.bind_leaf(&snapshot, leaf, Some(filter.predicate()), stats).await?;
                 return Arc::clone(&plan).with_new_children(vec![scan]);
             }
             let mut children = Vec::new();
@@ -244,29 +246,32 @@ impl LocalStorageNode {
 
     /// A Parquet scan of the leaf's segments that survive the manifest's statistics under
     /// `predicate` (the filter the fragment applies directly above the leaf).
-    async fn bind_leaf(&self, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
-        let request = leaf.leaf();
-        let snapshot = self.warehouse.table_version(&request.table, request.version).map_err(table_error)?;
-        let kept = self.kept_segments(&snapshot, leaf, predicate, stats)?;
+    async fn bind_leaf(&self, snapshot: &TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
+        let kept = self.kept_segments(snapshot, leaf, predicate, stats)?;
         if kept.is_empty() {
             return Ok(Arc::new(EmptyExec::new(leaf.schema())));
         }
         let table_schema = scan_schema(&snapshot.schema);
-        self.parquet_scan(&snapshot, &kept, &table_schema, request).await
+        self.parquet_scan(snapshot, &kept, &table_schema, leaf.leaf()).await
+    }
+
+    /// The table version a leaf names.
+    fn leaf_snapshot(&self, leaf: &ScanLeafExec) -> Result<TableSnapshot> {
+        let request = leaf.leaf();
+        self.warehouse.table_version(&request.table, request.version).map_err(table_error)
     }
 
     /// A filter directly over a leaf of a table with PLAIN pages, as a [`PlainSelectExec`]
     /// (which reads selected values by offset); `None` where that does not apply.
-    async fn bind_plain_select(&self, filter: &FilterExec, leaf: &ScanLeafExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    fn bind_plain_select(&self, snapshot: &TableSnapshot, filter: &FilterExec, leaf: &ScanLeafExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let request = leaf.leaf();
-        let snapshot = self.warehouse.table_version(&request.table, request.version).map_err(table_error)?;
         let applies = snapshot.manifest.page_encoding == PageEncoding::Plain
             && request.limit.is_none()
             && PlainSelectExec::supports(&leaf.schema());
         if !applies {
             return Ok(None);
         }
-        let kept = self.kept_segments(&snapshot, leaf, Some(filter.predicate()), stats)?;
+        let kept = self.kept_segments(snapshot, leaf, Some(filter.predicate()), stats)?;
         if kept.is_empty() {
             return Ok(Some(Arc::new(EmptyExec::new(leaf.schema()))));
         }
