@@ -134,7 +134,7 @@ def test_betweenness_from_one_source_matches_networkx(quarry_bin, imported):
 
 
 def test_random_graph_with_spills_matches_networkx(quarry_bin, tmp_path):
-    """A larger random graph under a 256 KiB budget, so every step's sort-reduce spills runs."""
+    """A larger random graph under a 256 kB budget, so every step's sort-reduce spills runs."""
     graph = nx.gnm_random_graph(600, 6000, seed=7, directed=True)
     path = tmp_path / "edges.txt"
     path.write_text("# src dst\n" + "".join(f"{s} {d}\n" for s, d in graph.edges()))
@@ -157,7 +157,7 @@ def peak_rss_mib(args: list[str]) -> float:
 
 def test_memory_budget_holds_when_the_data_is_several_times_larger(quarry_bin, tmp_path):
     """Scale 17: 2M generated edges (16 MB of edge pairs, ~24 MB of PageRank updates per step)
-    under an 8 MiB budget; the process's peak RSS may exceed its idle size by the budget plus
+    under an 8 MB budget; the process's peak RSS may exceed its idle size by the budget plus
     allocator slack, never by the data's size."""
     warehouse = str(tmp_path / "wh")
     idle = peak_rss_mib([quarry_bin, "--warehouse", warehouse, "graph", "list"])

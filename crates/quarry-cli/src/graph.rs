@@ -30,7 +30,7 @@ pub struct GraphArgs {
 #[derive(Debug, Args)]
 struct MemoryArg {
     /// Memory budget, e.g. 512MB or 1GB.
-    #[arg(long, default_value = "1GB", value_parser = parse_size)]
+    #[arg(long, default_value = "1GB", value_parser = parse_memory)]
     memory: usize,
 }
 
@@ -131,20 +131,10 @@ impl AlgoArgs {
     }
 }
 
-/// `512MB`, `1GB`, `64KiB`, or bytes.
-fn parse_size(text: &str) -> Result<usize, String> {
-    let lower = text.trim().to_ascii_lowercase();
-    let split = lower.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(lower.len());
-    let (number, unit) = lower.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("'{text}' is not a size like 512MB"))?;
-    let scale = match unit.trim() {
-        "" | "b" => 1.0,
-        "k" | "kb" | "kib" => 1024.0,
-        "m" | "mb" | "mib" => 1024.0 * 1024.0,
-        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown size unit '{other}' (use KB, MB or GB)")),
-    };
-    Ok((number * scale) as usize)
+/// A memory budget: `512MB`, `1GB` (decimal), `64MiB` (binary) or bytes, as device profiles
+/// write sizes.
+fn parse_memory(text: &str) -> Result<usize, String> {
+    quarry_storage::parse_size(text).map(|bytes| bytes as usize)
 }
 
 pub fn run(target: &Target, args: GraphArgs, threads: usize) -> CliResult {
