@@ -239,3 +239,37 @@ def test_graph_job_on_a_node_stays_within_its_device_memory(quarry_bin, tmp_path
         assert proc.returncode != 0 and "device has" in proc.stderr, proc.stderr
         out = run(quarry_bin, tmp_path / "host", "--nodes", nodes.arg, "graph", "cc", "g", "--memory", "4MB")
         assert "1 components" in out, out
+
+
+def test_graph_job_on_a_node_is_cancelled_when_the_host_goes_away(quarry_bin, tmp_path):
+    """A host killed while its job runs on a node cancels the job: the node's one session slot
+    is free again within seconds (a second job runs), and the job leaves no scratch files."""
+    import time
+
+    node_warehouse, host = tmp_path / "node", tmp_path / "host"
+    path = tmp_path / "edges.csv"
+    path.write_text("src,dst\n0,1\n1,2\n")
+    run(quarry_bin, node_warehouse, "graph", "import", "small", "--from", str(path), "--memory", "4MB")
+    run(quarry_bin, node_warehouse, "--threads", "2", "graph", "gen", "kron", "big", "--scale", "16", "--memory", "64MB")
+    with quarry_py.StorageNodes([node_warehouse], ["--max-sessions", "1"]) as nodes:
+        # Thousands of PageRank iterations over 1M edges: minutes, unless cancelled.
+        long_job = subprocess.Popen(
+            [quarry_bin, "--warehouse", str(host), "--nodes", nodes.arg, "graph", "pagerank", "big", "--iterations", "100000", "--memory", "64MB"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        scratch = node_warehouse / ".graphs" / ".tmp"
+        deadline = time.monotonic() + 30
+        while not any(scratch.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(scratch.iterdir()), "the job never started on the node"
+        long_job.kill()
+        long_job.wait()
+        started = time.monotonic()
+        out = subprocess.run([quarry_bin, "--warehouse", str(host), "--nodes", nodes.arg, "graph", "cc", "small", "--memory", "4MB"], capture_output=True, text=True, timeout=20)
+        assert out.returncode == 0 and "1 components" in out.stdout, out.stderr
+        assert time.monotonic() - started < 10
+        deadline = time.monotonic() + 10
+        while any(scratch.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(scratch.iterdir()), list(scratch.iterdir())
+        assert not (node_warehouse / "big_pagerank").exists()

@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use quarry_flight::RemoteStorageNode;
 use quarry_storage::StorageNode;
-use quarry_graph::{Graph, GraphBuilder, ImportOptions, Progress, ProgressEvent, import_edge_files};
+use quarry_graph::{Cancel, Graph, GraphBuilder, ImportOptions, Progress, ProgressEvent, import_edge_files};
 use quarry_storage::graph_job::{GraphAlgorithm, GraphHome, GraphJob, GraphJobOutput, run_graph_job};
 use quarry_table::Warehouse;
 
@@ -160,7 +160,7 @@ pub fn run(target: &Target, args: GraphArgs, threads: usize) -> CliResult {
     } else {
         let warehouse = Warehouse::open(&target.warehouse).map_err(|e| e.to_string())?;
         let progress = algorithm.map(step_bars);
-        vec![(None, run_graph_job(&warehouse, job, threads, progress)?)]
+        vec![(None, run_graph_job(&warehouse, job, threads, progress, Cancel::default())?)]
     };
     for (node, output) in outputs {
         match output {

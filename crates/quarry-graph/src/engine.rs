@@ -103,6 +103,7 @@ use std::marker::PhantomData;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use quarry_sortreduce::{Key, SortReduceConfig, SortReduceStats, SortReducer, Value};
@@ -236,6 +237,9 @@ pub struct EngineConfig {
     pub temp_dir: PathBuf,
     /// Told how each superstep advances (a CLI draws a progress bar from it).
     pub progress: Progress,
+    /// Stops the run between steps of a scatter when set (a storage node sets it when the host
+    /// that submitted the job goes away).
+    pub cancel: Cancel,
 }
 
 /// How far a superstep has come.
@@ -287,7 +291,41 @@ impl PartialEq for Progress {
 
 impl Eq for Progress {}
 
-/// Active vertices between two scatter progress events.
+/// A flag that stops a run when set; none by default. Configurations compare equal whatever it
+/// is.
+#[derive(Clone, Default)]
+pub struct Cancel(Option<Arc<AtomicBool>>);
+
+impl Cancel {
+    /// Cancels the run once `flag` is set.
+    pub fn new(flag: Arc<AtomicBool>) -> Self {
+        Cancel(Some(flag))
+    }
+
+    /// [`Error::Cancelled`] once the flag is set.
+    pub(crate) fn check(&self) -> Result<()> {
+        match &self.0 {
+            Some(flag) if flag.load(Ordering::Relaxed) => Err(Error::Cancelled),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Cancel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Cancel(flag)" } else { "Cancel(none)" })
+    }
+}
+
+impl PartialEq for Cancel {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Cancel {}
+
+/// Active vertices between two scatter progress events (and cancellation checks).
 const PROGRESS_EVERY: u64 = 1 << 16;
 
 impl Default for EngineConfig {
@@ -297,6 +335,7 @@ impl Default for EngineConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             temp_dir: std::env::temp_dir(),
             progress: Progress::default(),
+            cancel: Cancel::default(),
         }
     }
 }
@@ -325,6 +364,12 @@ impl EngineConfig {
     /// Sets [`Self::progress`].
     pub fn with_progress(mut self, progress: Progress) -> Self {
         self.progress = progress;
+        self
+    }
+
+    /// Sets [`Self::cancel`].
+    pub fn with_cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = cancel;
         self
     }
 }
@@ -726,6 +771,7 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
         program: &P,
         frontier: &Frontier<V>,
     ) -> Result<Frontier<V>> {
+        self.config.cancel.check()?;
         let directions = program.directions();
         if directions.is_empty()
             || directions.len() > 2
@@ -802,24 +848,27 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
         let mut active_bytes_read = 0;
         let progress = self.config.progress.clone();
         let active_total = matches!(frontier, Frontier::All).then_some(vertices);
+        let cancel = self.config.cancel.clone();
         let report = |scatter: &Scatter<P, K, _>| {
             if scatter.active % PROGRESS_EVERY == 0 {
                 progress.report(ProgressEvent::Scatter { superstep, visited: scatter.active, active_total, edges: scatter.edges });
+                return cancel.check();
             }
+            Ok(())
         };
         match frontier {
             Frontier::All => {
                 for v in 0..vertices {
                     let value = self.values.get(v)?;
                     scatter.visit(v, &value)?;
-                    report(&scatter);
+                    report(&scatter)?;
                 }
             }
             Frontier::List(list) => {
                 let mut reader = list.reader(io)?;
                 while let Some((v, value)) = reader.next_record()? {
                     scatter.visit(v, &value)?;
-                    report(&scatter);
+                    report(&scatter)?;
                 }
                 active_bytes_read = reader.reader.bytes_read();
             }
@@ -829,7 +878,7 @@ impl<'g, V: Value + PartialEq> Engine<'g, V> {
                     self.check_vertex(v)?;
                     let value = self.values.get(v)?;
                     scatter.visit(v, &value)?;
-                    report(&scatter);
+                    report(&scatter)?;
                 }
                 active_bytes_read = reader.reader.bytes_read();
             }
@@ -950,6 +999,7 @@ impl<V: Value + PartialEq> Engine<'_, V> {
     ///
     /// The program must send along out-edges only; the graph needs its reverse (in-edges).
     pub fn superstep_bloom<P: VertexProgram<Value = V>>(&mut self, program: &P, recompute: &Frontier<V>, bloom_bytes: usize) -> Result<Frontier<V>> {
+        self.config.cancel.check()?;
         if program.directions() != [Direction::Out] {
             return Err(Error::invalid("Algorithm 4 scatters along out-edges only"));
         }
@@ -1020,6 +1070,7 @@ impl<V: Value + PartialEq> Engine<'_, V> {
             }
             if v % PROGRESS_EVERY == 0 {
                 self.config.progress.report(ProgressEvent::Scatter { superstep, visited: v, active_total: Some(vertices), edges: scatter.edges });
+                self.config.cancel.check()?;
             }
         }
         drop(bloom);

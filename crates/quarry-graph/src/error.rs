@@ -41,6 +41,8 @@ pub enum Error {
     },
     /// The sort-reducer failed.
     SortReduce(quarry_sortreduce::Error),
+    /// The run was cancelled ([`crate::engine::Cancel`]).
+    Cancelled,
 }
 
 impl Error {
@@ -89,6 +91,7 @@ impl fmt::Display for Error {
             }
             // The sort-reduce error already names its crate.
             Error::SortReduce(e) => write!(f, "graph: {e}"),
+            Error::Cancelled => write!(f, "graph: the run was cancelled"),
         }
     }
 }

@@ -56,7 +56,7 @@ pub mod kronecker;
 
 pub use csr::{Adjacency, Direction, EdgeIter, Graph, GraphMeta, GraphWriter, IdWidth};
 pub use engine::{
-    Edge, Engine, EngineConfig, Frontier, Mode, Progress, ProgressEvent, RunStats, Start, StepContext,
+    Cancel, Edge, Engine, EngineConfig, Frontier, Mode, Progress, ProgressEvent, RunStats, Start, StepContext,
     SuperstepStats, VertexProgram, VertexValues,
 };
 pub use error::{Error, Result};

@@ -15,7 +15,7 @@ use std::time::Instant;
 use arrow::array::{ArrayRef, Float64Builder, Int64Builder, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use quarry_graph::algorithms::{PageRankOptions, UNREACHED, bfs, betweenness, connected_components, pagerank, sample_sources, sssp};
-use quarry_graph::{EngineConfig, Graph, ImportOptions, KroneckerParams, Progress, RunStats, generate_kronecker};
+use quarry_graph::{Cancel, EngineConfig, Graph, ImportOptions, KroneckerParams, Progress, RunStats, generate_kronecker};
 use quarry_table::ingest::write_batches;
 use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
 use serde::{Deserialize, Serialize};
@@ -290,8 +290,8 @@ impl GraphHome {
 }
 
 /// Runs `job` over `warehouse`'s graphs with `threads` threads, reporting supersteps to
-/// `progress`.
-pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progress: Option<Progress>) -> Result<GraphJobOutput, String> {
+/// `progress`; an algorithm stops with an error once `cancel` is set (making a graph does not).
+pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progress: Option<Progress>, cancel: Cancel) -> Result<GraphJobOutput, String> {
     let home = GraphHome::open(warehouse)?;
     let started = Instant::now();
     match job {
@@ -312,7 +312,7 @@ pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progr
         }
         GraphJob::Run { algorithm, graph: name, root, iterations, tolerance, sources, table, memory_bytes } => {
             let graph = home.graph(&name)?;
-            let mut config = EngineConfig::new(memory_bytes as usize).with_threads(threads).with_temp_dir(&home.temp);
+            let mut config = EngineConfig::new(memory_bytes as usize).with_threads(threads).with_temp_dir(&home.temp).with_cancel(cancel);
             if let Some(progress) = progress {
                 config = config.with_progress(progress);
             }

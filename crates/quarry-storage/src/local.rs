@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
+use quarry_graph::Cancel;
 use quarry_table::{PageEncoding, SegmentMeta, TableSnapshot, Warehouse};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
@@ -143,19 +144,26 @@ impl LocalStorageNode {
 
     /// Runs a graph job next to the data, as one session: it waits for a grant like a
     /// fragment, runs on the device's threads, and may not ask for more than the device's
-    /// memory. Only its summary is returned; its result is a table of this node.
+    /// memory. Only its summary is returned; its result is a table of this node. Dropping the
+    /// returned future (the host went away) cancels the job; its grant is returned when the job
+    /// has stopped.
     pub async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
         if let (Some(asked), Some(memory)) = (job.memory_bytes(), self.profile.device_memory)
             && asked > memory
         {
             return plan_err!("the graph job asks for {asked} bytes of memory; this node's device has {memory}");
         }
-        let _session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
+        let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
-        tokio::task::spawn_blocking(move || run_graph_job(&warehouse, job, threads, None))
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?
-            .map_err(DataFusionError::Execution)
+        let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+        let flag = Arc::clone(&cancel.0);
+        let job = tokio::task::spawn_blocking(move || {
+            let _session = session;
+            run_graph_job(&warehouse, job, threads, None, Cancel::new(flag))
+        });
+        let output = job.await.map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?;
+        drop(cancel);
+        output.map_err(DataFusionError::Execution)
     }
 
     /// The warehouse served.
@@ -429,6 +437,15 @@ impl StorageNode for LocalStorageNode {
             Some((item, run))
         })
         .boxed())
+    }
+}
+
+/// Sets its flag when dropped: a graph job's future dropped before the job ended cancels it.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
