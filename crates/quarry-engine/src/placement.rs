@@ -420,7 +420,7 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
             let (other_width, other_columns) = width(&|i| !used.contains(&i));
             let input = rows(filter.input());
             let selectivity = if input > 0.0 { (rows(plan) / input).clamp(0.0, 1.0) } else { 1.0 };
-            if leaf.page_encoding() == PageEncoding::Plain && leaf.leaf().limit.is_none() && PlainSelectExec::supports(&schema) {
+            if leaf.page_encoding() == PageEncoding::Plain && leaf.leaf().limit.is_none() && PlainSelectExec::supports(&schema, filter.predicate()) {
                 // The node's PlainSelectExec: the filter's columns copied whole, the others'
                 // selected values copied by offset, a run at a time; every page split.
                 let pages = input / DATA_PAGE_ROWS as f64 * schema.fields().len() as f64;

@@ -275,7 +275,7 @@ impl LocalStorageNode {
         let request = leaf.leaf();
         let applies = snapshot.manifest.page_encoding == PageEncoding::Plain
             && request.limit.is_none()
-            && PlainSelectExec::supports(&leaf.schema());
+            && PlainSelectExec::supports(&leaf.schema(), filter.predicate());
         if !applies {
             return Ok(None);
         }

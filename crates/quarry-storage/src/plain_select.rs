@@ -24,7 +24,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Statistics, internal_err};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::utils::reassign_expr_columns;
+use datafusion::physical_expr::utils::{collect_columns, reassign_expr_columns};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
@@ -66,16 +66,17 @@ pub struct PlainSelectExec {
 }
 
 impl PlainSelectExec {
-    /// Whether every column of `schema` can be read by offset: a required (non-NULL)
-    /// fixed-width primitive whose Parquet physical type holds it as is.
-    pub fn supports(schema: &Schema) -> bool {
-        schema.fields().iter().all(|f| !f.is_nullable() && physical_type(f.data_type()).is_some())
+    /// Whether it can run `predicate` over `schema`: every column can be read by offset (a
+    /// required, fixed-width primitive whose Parquet physical type holds it as is), and the
+    /// predicate reads at least one of them (it is evaluated on a batch of its columns).
+    pub fn supports(schema: &Schema, predicate: &Arc<dyn PhysicalExpr>) -> bool {
+        schema.fields().iter().all(|f| !f.is_nullable() && physical_type(f.data_type()).is_some()) && !collect_columns(predicate).is_empty()
     }
 
     /// Selects the rows of `segments` (spread over `partitions` output partitions) whose
     /// `predicate` (over `schema`) is true, returning `schema`'s columns.
     pub fn try_new(segments: Vec<PlainSegment>, partitions: usize, schema: SchemaRef, predicate: Arc<dyn PhysicalExpr>, store: Arc<dyn ObjectStore>) -> Result<Self> {
-        if !Self::supports(&schema) {
+        if !Self::supports(&schema, &predicate) {
             return internal_err!("PlainSelectExec reads required fixed-width columns only, not {schema}");
         }
         let partitions = partitions.clamp(1, segments.len().max(1));
