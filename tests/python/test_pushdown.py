@@ -70,29 +70,37 @@ def _run(urls, path, pushdown, tmp_path, stats=None):
     return q.read_parquet_result(out)
 
 
-def _check(urls, con, suite, path, tmp_path):
+def _check(urls, con, label, path, tmp_path):
+    """Runs the query in `path` with pushdown on and off, checks both against DuckDB, and returns
+    each mode's --stats detail."""
     sql = path.read_text(encoding="utf-8")
     duck = q.duckdb_result(con, sql)
+    details = {}
     for pushdown in ("on", "off"):
         stats = tmp_path / f"stats-{pushdown}.json"
         quarry = _run(urls, path, pushdown, tmp_path, stats)
         cmp = q.compare_query_results(sql, quarry, duck)
-        assert cmp, f"{suite}/{path.name} with --pushdown {pushdown}: Quarry and DuckDB disagree\n{cmp}"
-        if pushdown == "off":
-            storage_ops = {op["operator"] for op in json.loads(stats.read_text())["operators"] if op["side"] == "storage"}
-            assert not storage_ops & PUSHDOWN_OPERATORS, f"--pushdown off ran {storage_ops} on storage"
+        assert cmp, f"{label} with --pushdown {pushdown}: Quarry and DuckDB disagree\n{cmp}"
+        details[pushdown] = json.loads(stats.read_text())
+    storage_ops = _storage_operators(details["off"])
+    assert not storage_ops & PUSHDOWN_OPERATORS, f"--pushdown off ran {storage_ops} on storage"
+    return details
+
+
+def _storage_operators(detail):
+    return {op["operator"] for op in detail["operators"] if op["side"] == "storage"}
 
 
 @pytest.mark.parametrize("suite,path", QUERIES, ids=IDS)
 def test_one_node(one_node, suite, path, tmp_path):
     urls, con = one_node[suite]
-    _check(urls, con, suite, path, tmp_path)
+    _check(urls, con, f"{suite}/{path.name}", path, tmp_path)
 
 
 @pytest.mark.parametrize("suite,path", QUERIES, ids=IDS)
 def test_three_nodes(three_nodes, suite, path, tmp_path):
     urls, con, _ = three_nodes[suite]
-    _check(urls, con, suite, path, tmp_path)
+    _check(urls, con, f"{suite}/{path.name}", path, tmp_path)
 
 
 def test_tables_spread_over_three_nodes(three_nodes):
@@ -169,18 +177,12 @@ def test_plain_pages_select_on_node(plain_node, sql, tmp_path):
     url, con, _ = plain_node
     path = tmp_path / "query.sql"
     path.write_text(sql)
-    duck = q.duckdb_result(con, sql)
-    for pushdown in ("on", "off"):
-        stats = tmp_path / f"stats-{pushdown}.json"
-        quarry = _run(url, path, pushdown, tmp_path, stats)
-        cmp = q.compare_query_results(sql, quarry, duck)
-        assert cmp, f"{sql} with --pushdown {pushdown}: Quarry and DuckDB disagree\n{cmp}"
-        detail = json.loads(stats.read_text())
-        storage_ops = {op["operator"] for op in detail["operators"] if op["side"] == "storage"}
+    details = _check(url, con, sql, path, tmp_path)
+    for pushdown, detail in details.items():
         # (col1 < 0 prunes every segment by its statistics: nothing is left to select from.)
         all_pruned = detail["segments_pruned"] == detail["segments_requested"]
         plain = pushdown == "on" and not all_pruned and "random()" not in sql
-        assert ("PlainSelectExec" in storage_ops) == plain, storage_ops
+        assert ("PlainSelectExec" in _storage_operators(detail)) == plain, _storage_operators(detail)
 
 
 def test_plain_pages_travel_to_nodes(tmp_path):
