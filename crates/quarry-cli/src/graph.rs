@@ -102,7 +102,8 @@ struct AlgoArgs {
     #[arg(long, default_value_t = 20)]
     iterations: u64,
     /// PageRank: after the first iteration, recompute only vertices whose rank moved by more
-    /// than this (Algorithm 4's Bloom-filter active list); stop when none does.
+    /// than this share of the average rank 1/V (Algorithm 4's Bloom-filter active list); stop
+    /// when none does. E.g. 1e-6.
     #[arg(long)]
     tolerance: Option<f64>,
     /// Number of sampled sources (BC, instead of --root).

@@ -62,8 +62,8 @@ pub enum GraphJob {
         root: Option<u64>,
         /// Iterations (PageRank; with a tolerance, the most).
         iterations: u64,
-        /// PageRank: recompute only vertices whose rank moved by more than this (Algorithm 4's
-        /// Bloom-filter active list).
+        /// PageRank: recompute only vertices whose rank moved by more than this share of the
+        /// average rank (Algorithm 4's Bloom-filter active list).
         #[serde(default)]
         tolerance: Option<f64>,
         /// Sampled sources (BC, instead of `root`).

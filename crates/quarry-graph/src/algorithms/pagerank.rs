@@ -21,13 +21,13 @@ use crate::error::{Error, Result};
 /// power iteration, the variant the paper measures ("only the very first iteration ... when all
 /// vertices are active"). With [`PageRankOptions::tolerance`] `t`, iterations follow Algorithm
 /// 4 ([`Engine::superstep_bloom`]): after the first, only the vertices whose rank moved by more
-/// than `t` in the previous iteration are recomputed; the sources of their in-edges are marked
-/// in a Bloom filter and only those scatter. A vertex that stopped moving keeps its rank even
-/// if an in-neighbour moves later by less than the tolerance would show, so the result is
-/// PageRank to within about `t` per vertex. The dangling rank `D` is summed over all vertices
-/// every iteration; when it moves by more than `t * V / damping` (every rank then moves by more
-/// than `t`), the next iteration recomputes every vertex. The run stops early once no vertex
-/// moves by more than `t`.
+/// than `t / V` (`t` times the average rank) in the previous iteration are recomputed; the
+/// sources of their in-edges are marked in a Bloom filter and only those scatter. A vertex that
+/// stopped moving keeps its rank even if an in-neighbour moves later, so the result is PageRank
+/// to within a few `t / V` per vertex. The dangling rank `D` is summed over all vertices every
+/// iteration; when it moves by more than `t / damping` (every rank then moves by more than
+/// `t / V`), the next iteration recomputes every vertex. The run stops early once no vertex
+/// moves by more than `t / V`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PageRank {
     /// Damping factor (0.85 by default in [`PageRankOptions`]).
@@ -74,7 +74,8 @@ impl VertexProgram for PageRank {
     }
 }
 
-/// PageRank whose vertices stay active while their rank moves by more than `tolerance`.
+/// PageRank whose vertices stay active while their rank moves by more than `tolerance` (an
+/// absolute rank: the option's relative tolerance over `V`).
 struct TolerantPageRank {
     rank: PageRank,
     tolerance: f64,
@@ -124,8 +125,9 @@ pub struct PageRankOptions {
     pub damping: f64,
     /// Iterations (supersteps); with a tolerance, the most.
     pub iterations: u64,
-    /// Recompute only vertices whose rank moved by more than this (Algorithm 4's Bloom-filter
-    /// active list); `None` recomputes every vertex every iteration.
+    /// Recompute only vertices whose rank moved by more than this share of the average rank
+    /// `1/V` (Algorithm 4's Bloom-filter active list); `None` recomputes every vertex every
+    /// iteration.
     pub tolerance: Option<f64>,
 }
 
@@ -165,6 +167,10 @@ pub fn pagerank(
         vertices: graph.vertices(),
     };
     if let Some(tolerance) = options.tolerance {
+        if !(tolerance >= 0.0) {
+            return Err(Error::invalid(format!("tolerance {tolerance} is not a non-negative number")));
+        }
+        let tolerance = tolerance / graph.vertices().max(1) as f64;
         return pagerank_bloom(graph, TolerantPageRank { rank: program, tolerance }, options.iterations, config);
     }
     let out = run_program(graph, &program, config, options.iterations)?;
@@ -179,9 +185,6 @@ const BLOOM_BYTES_PER_VERTEX: usize = 2;
 
 /// Algorithm 4: every vertex in the first iteration, then only those still moving.
 fn pagerank_bloom(graph: &Graph, program: TolerantPageRank, iterations: u64, config: &EngineConfig) -> Result<PageRankResult> {
-    if !(program.tolerance >= 0.0) {
-        return Err(Error::invalid(format!("tolerance {} is not a non-negative number", program.tolerance)));
-    }
     let mut engine = Engine::new(graph, config.clone(), |v| program.initial_value(v))?;
     let bloom_bytes = (graph.vertices() as usize).saturating_mul(BLOOM_BYTES_PER_VERTEX);
     let mut recompute = Frontier::All;
