@@ -273,3 +273,27 @@ def test_graph_job_on_a_node_is_cancelled_when_the_host_goes_away(quarry_bin, tm
             time.sleep(0.05)
         assert not any(scratch.iterdir()), list(scratch.iterdir())
         assert not (node_warehouse / "big_pagerank").exists()
+
+
+def test_graphs_are_listed_while_a_node_is_busy(quarry_bin, tmp_path):
+    """Listing needs no session slot: with the node's one slot taken by a long job, `graph list`
+    (which also finds the node for every job) still answers at once."""
+    import time
+
+    node_warehouse, host = tmp_path / "node", tmp_path / "host"
+    run(quarry_bin, node_warehouse, "--threads", "2", "graph", "gen", "kron", "big", "--scale", "16", "--memory", "64MB")
+    with quarry_py.StorageNodes([node_warehouse], ["--max-sessions", "1"]) as nodes:
+        long_job = subprocess.Popen(
+            [quarry_bin, "--warehouse", str(host), "--nodes", nodes.arg, "graph", "pagerank", "big", "--iterations", "100000", "--memory", "64MB"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            scratch = node_warehouse / ".graphs" / ".tmp"
+            deadline = time.monotonic() + 30
+            while not any(scratch.iterdir()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            listing = subprocess.run([quarry_bin, "--warehouse", str(host), "--nodes", nodes.arg, "graph", "list"], capture_output=True, text=True, timeout=10)
+            assert listing.returncode == 0 and listing.stdout.startswith("big\t"), listing.stderr
+        finally:
+            long_job.kill()
+            long_job.wait()

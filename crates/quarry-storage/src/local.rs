@@ -153,6 +153,11 @@ impl LocalStorageNode {
         {
             return plan_err!("the graph job asks for {asked} bytes of memory; this node's device has {memory}");
         }
+        // Listing reads directory entries: no grant, so a host can find its graph while the
+        // node's slots are busy.
+        if job == GraphJob::List {
+            return run_graph_job(&self.warehouse, job, 1, None, Cancel::default()).map_err(DataFusionError::Execution);
+        }
         let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
         let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));

@@ -143,8 +143,10 @@ mod size_text {
 }
 
 /// This machine's CPU cost of the operators a node runs, measured by `quarry calibrate`; the
-/// host's cost model divides by a profile's slowdown to get a device's rates.
+/// host's cost model divides by a profile's slowdown to get a device's rates. A calibration file
+/// written before a figure existed reads that figure from [`Calibration::default`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Calibration {
     /// Decoding Parquet into Arrow, per byte of Arrow output (one thread).
     pub decode_ns_per_byte: f64,
@@ -157,55 +159,20 @@ pub struct Calibration {
     /// Receiving a batch from a node: the host's cost per byte (IPC decoding, copies).
     pub transfer_ns_per_byte: f64,
     /// Late materialization: the cost per run of selected rows, per column decoded for them.
-    #[serde(default = "default_selection_ns_per_run")]
     pub selection_ns_per_run: f64,
     /// Late materialization: skipping a value in a page that must be read anyway, as a share
     /// of the cost of decoding it.
-    #[serde(default = "default_skip_cost_share")]
     pub skip_cost_share: f64,
     /// Selection over PLAIN pages (`PlainSelectExec`): copying values, per byte.
-    #[serde(default = "default_plain_copy_ns_per_byte")]
     pub plain_copy_ns_per_byte: f64,
     /// Selection over PLAIN pages: per run of selected rows per column (a copy by offset).
-    #[serde(default = "default_plain_run_ns")]
     pub plain_run_ns: f64,
     /// Selection over PLAIN pages: splitting a column chunk into pages, per page.
-    #[serde(default = "default_plain_page_ns")]
     pub plain_page_ns: f64,
     /// Selection over PLAIN pages: evaluating the predicate into a selection, per input row.
-    #[serde(default = "default_plain_row_ns")]
     pub plain_row_ns: f64,
     /// Selection over PLAIN pages: per selected row (its index, its share of a batch).
-    #[serde(default = "default_plain_selected_row_ns")]
     pub plain_selected_row_ns: f64,
-}
-
-fn default_plain_row_ns() -> f64 {
-    Calibration::default().plain_row_ns
-}
-
-fn default_plain_selected_row_ns() -> f64 {
-    Calibration::default().plain_selected_row_ns
-}
-
-fn default_plain_copy_ns_per_byte() -> f64 {
-    Calibration::default().plain_copy_ns_per_byte
-}
-
-fn default_plain_run_ns() -> f64 {
-    Calibration::default().plain_run_ns
-}
-
-fn default_plain_page_ns() -> f64 {
-    Calibration::default().plain_page_ns
-}
-
-fn default_selection_ns_per_run() -> f64 {
-    Calibration::default().selection_ns_per_run
-}
-
-fn default_skip_cost_share() -> f64 {
-    Calibration::default().skip_cost_share
 }
 
 impl Default for Calibration {
