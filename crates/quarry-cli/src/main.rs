@@ -18,6 +18,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc keeps freed pages for reuse: with the system allocator, the scan's large
+/// short-lived buffers were mapped and zeroed by the kernel anew each time (a third of a
+/// scan's time in page faults and clearing, measured with perf).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Errors reach the user as one line of text; each command turns its errors into that line.
 pub type CliResult<T = ()> = Result<T, String>;
 

@@ -11,7 +11,7 @@
 //! it cuts the link's bytes more than it adds device compute (the Smart SSD paper's 100%
 //! selectivity selection ran 43% slower on the device: a case this model leaves on the host).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -28,6 +28,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::common::Statistics;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs, StatisticsContext};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_table::PageEncoding;
@@ -105,6 +106,8 @@ impl fmt::Display for Placement {
 pub struct PlacementRule {
     mode: PushdownMode,
     nodes: HashMap<String, NodeDescription>,
+    /// Nodes in this process: their batches cost the host nothing to receive.
+    in_process: HashSet<String>,
     host: Calibration,
     host_threads: usize,
     /// Functions to decode fragments with, as a node does (see [`check_shippable`]).
@@ -119,10 +122,11 @@ impl std::fmt::Debug for PlacementRule {
 
 impl PlacementRule {
     /// A rule deciding by `mode`, knowing the `nodes`, with the host's own rates and threads.
-    pub fn new(mode: PushdownMode, nodes: Vec<NodeDescription>, host: Calibration, host_threads: usize) -> Self {
+    /// `in_process` names the nodes that run in this process (embedded).
+    pub fn new(mode: PushdownMode, nodes: Vec<NodeDescription>, in_process: HashSet<String>, host: Calibration, host_threads: usize) -> Self {
         let nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
         let decode_ctx = SessionStateBuilder::new().with_default_features().build().task_ctx();
-        PlacementRule { mode, nodes, host, host_threads: host_threads.max(1), decode_ctx }
+        PlacementRule { mode, nodes, in_process, host, host_threads: host_threads.max(1), decode_ctx }
     }
 
     fn visit(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
@@ -182,7 +186,7 @@ impl PlacementRule {
     fn try_push(&self, chain: &[Arc<dyn ExecutionPlan>], fragment: &FragmentExec) -> Result<Push> {
         let mut root = Arc::clone(fragment.root());
         for op in chain.iter().rev() {
-            root = Arc::clone(op).with_new_children(vec![root])?;
+            root = replace_children_if_necessary(Arc::clone(op), vec![root])?;
         }
         // Only what the wire format can carry is pushed (e.g. not a subquery expression).
         if check_shippable(&root, &self.decode_ctx).is_err() {
@@ -207,7 +211,7 @@ impl PlacementRule {
         let Some(partition) = merge_on_one_node(&[left.partitions(), right.partitions()]) else {
             return Ok(Transformed::no(Arc::clone(plan)));
         };
-        let root = Arc::clone(plan).with_new_children(vec![Arc::clone(left.root()), Arc::clone(right.root())])?;
+        let root = replace_children_if_necessary(Arc::clone(plan), vec![Arc::clone(left.root()), Arc::clone(right.root())])?;
         if check_shippable(&root, &self.decode_ctx).is_err() {
             return Ok(Transformed::no(Arc::clone(plan)));
         }
@@ -258,12 +262,17 @@ impl PlacementRule {
             .map(|leaf| plan_statistics(&(Arc::new(leaf.clone()) as Arc<dyn ExecutionPlan>)).and_then(|s| s.total_byte_size.get_value().copied()).unwrap_or(0) as f64)
             .sum();
         let decode_ns = decode_ns(root, &self.host);
-        let mut op_ns = 0.0;
+        // Work spread over the device's threads, and a join's, which is not: the node's Grace
+        // hash join produces one output partition, and it writes both inputs to its spill files
+        // and reads them back.
+        let (mut op_ns, mut join_ns) = (0.0, 0.0);
         root.apply(|plan| {
             if let [child] = plan.children()[..] {
                 op_ns += rows(child) * op_ns_per_row(plan.as_ref(), &self.host);
             } else if plan.children().len() == 2 {
-                op_ns += plan.children().iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row;
+                let inputs = plan.children();
+                let spilled: f64 = inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum();
+                join_ns += inputs.iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row + 2.0 * spilled * self.host.spill_ns_per_byte;
             }
             Ok(TreeNodeRecursion::Continue)
         })
@@ -282,11 +291,12 @@ impl PlacementRule {
                 let profile = self.nodes.get(*name).map(|d| &d.profile);
                 let threads = profile.map_or(self.host_threads, |p| p.threads()) as f64;
                 let slowdown = if passthrough { 1.0 } else { profile.map_or(1.0, |p| p.compute_slowdown) };
-                let compute = (decode_ns + op_ns) * share * slowdown / threads / 1e9;
+                let compute = ((decode_ns + op_ns) / threads + join_ns) * share * slowdown / 1e9;
                 let read = profile.and_then(|p| p.read_mbps).map_or(0.0, |mbps| read_bytes * share / (mbps * 1e6));
                 let link = profile.and_then(|p| p.link_mbps).map_or(0.0, |mbps| link_bytes * share / (mbps * 1e6));
-                // The host receives (decodes the IPC of) the batches while the node sends them.
-                let receive = link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9;
+                // The host receives (decodes the IPC of) the batches while the node sends them;
+                // an embedded node's batches are handed over in memory.
+                let receive = if self.in_process.contains(*name) { 0.0 } else { link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9 };
                 compute.max(read).max(link).max(receive)
             })
             .fold(0.0, f64::max);
@@ -336,7 +346,7 @@ fn replace_fragment(plan: &Arc<dyn ExecutionPlan>, depth: usize, fragment: Arc<d
         return internal_err!("expected one child under {}", plan.name());
     };
     let child = replace_fragment(child, depth - 1, fragment)?;
-    Arc::clone(plan).with_new_children(vec![child])
+    replace_children_if_necessary(Arc::clone(plan), vec![child])
 }
 
 /// All partitions of the given fragments on one node, as one partition with every leaf's
@@ -393,17 +403,17 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
     plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
 }
 
-/// Predicted CPU time of decoding the fragment's leaves, nanoseconds. A leaf under a filter is
-/// decoded with late materialization: the filter's columns in full, the other columns for the
-/// selected rows, and, in every page holding a selected row (rows taken as independent), the
-/// skipped values at a share of their decoding cost; plus a cost per run of selected rows per
-/// column (a selectivity `s` gives about `2 s (1 - s)` runs per row): between a few and all
-/// rows selected, the runs cost more than the rows they save.
+/// Predicted CPU time of decoding the fragment's leaves, nanoseconds. A Parquet leaf is decoded
+/// whole (the node filters decoded batches; see `LocalStorageNode`); a filter directly over a
+/// leaf of a table with PLAIN pages runs as `PlainSelectExec`: the filter's columns copied whole,
+/// the others' selected values copied by offset, a run at a time, every page split.
 fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
     let mut total = 0.0;
     root.apply(|plan| {
-        let filtered_leaf = plan.downcast_ref::<FilterExec>().and_then(|f| f.input().downcast_ref::<ScanLeafExec>().map(|leaf| (f, leaf)));
-        if let Some((filter, leaf)) = filtered_leaf {
+        let plain_select = plan.downcast_ref::<FilterExec>().and_then(|f| f.input().downcast_ref::<ScanLeafExec>().map(|leaf| (f, leaf))).filter(|(filter, leaf)| {
+            leaf.page_encoding() == PageEncoding::Plain && leaf.leaf().limit.is_none() && PlainSelectExec::supports(&leaf.schema(), filter.predicate())
+        });
+        if let Some((filter, leaf)) = plain_select {
             let schema = leaf.schema();
             let mut used = std::collections::HashSet::new();
             filter.predicate().apply(|e| {
@@ -420,22 +430,12 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
             let (other_width, other_columns) = width(&|i| !used.contains(&i));
             let input = rows(filter.input());
             let selectivity = if input > 0.0 { (rows(plan) / input).clamp(0.0, 1.0) } else { 1.0 };
-            if leaf.page_encoding() == PageEncoding::Plain && leaf.leaf().limit.is_none() && PlainSelectExec::supports(&schema, filter.predicate()) {
-                // The node's PlainSelectExec: the filter's columns copied whole, the others'
-                // selected values copied by offset, a run at a time; every page split.
-                let pages = input / DATA_PAGE_ROWS as f64 * schema.fields().len() as f64;
-                let runs = input * selectivity * (1.0 - selectivity) + 1.0;
-                total += input * (filter_width + selectivity * other_width) * rates.plain_copy_ns_per_byte
-                    + input * (rates.plain_row_ns + selectivity * rates.plain_selected_row_ns)
-                    + runs * other_columns * rates.plain_run_ns
-                    + pages * rates.plain_page_ns;
-                return Ok(TreeNodeRecursion::Jump);
-            }
-            let runs = 2.0 * input * selectivity * (1.0 - selectivity);
-            // A page with one selected row is read whole, its other values skipped at a cost.
-            let pages_read = 1.0 - (1.0 - selectivity).powf(DATA_PAGE_ROWS as f64);
-            let other_share = selectivity + (1.0 - selectivity) * pages_read * rates.skip_cost_share;
-            total += input * (filter_width + other_width * other_share) * rates.decode_ns_per_byte + runs * other_columns * rates.selection_ns_per_run;
+            let pages = input / DATA_PAGE_ROWS as f64 * schema.fields().len() as f64;
+            let runs = input * selectivity * (1.0 - selectivity) + 1.0;
+            total += input * (filter_width + selectivity * other_width) * rates.plain_copy_ns_per_byte
+                + input * (rates.plain_row_ns + selectivity * rates.plain_selected_row_ns)
+                + runs * other_columns * rates.plain_run_ns
+                + pages * rates.plain_page_ns;
             return Ok(TreeNodeRecursion::Jump);
         }
         if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {

@@ -36,6 +36,18 @@ impl Default for EngineOptions {
     }
 }
 
+/// DataFusion settings of the host, each changed for a measured reason (SSB and TPC-H at SF 10,
+/// 2 threads; see the issue notes).
+fn tune_host(config: &mut SessionConfig) {
+    let optimizer = &mut config.options_mut().optimizer;
+    // A dimension table of up to a few million rows is built once and shared by every probe
+    // partition (CollectLeft) rather than hash-partitioning both sides: repartitioning the 60M
+    // rows of a fact table cost more than building the table on one thread (SSB q3.1: the
+    // customer join took the partitioned path at DataFusion's 1 MB / 128K-row default).
+    optimizer.hash_join_single_partition_threshold = 256 << 20;
+    optimizer.hash_join_single_partition_threshold_rows = 4 << 20;
+}
+
 /// A SQL session over storage nodes.
 pub struct QuarrySession {
     ctx: SessionContext,
@@ -59,10 +71,11 @@ impl QuarrySession {
         if nodes.is_empty() {
             return plan_err!("a session needs at least one storage node");
         }
-        let config = SessionConfig::new()
+        let mut config = SessionConfig::new()
             .with_target_partitions(options.threads.max(1))
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
+        tune_host(&mut config);
         let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
         let mut descriptions = Vec::with_capacity(nodes.len());
         for node in &nodes {
@@ -74,7 +87,8 @@ impl QuarrySession {
         // The host's own rates: those the (first) node measured on its machine, which in
         // embedded mode is this one.
         let host_rates = descriptions[0].calibration.clone();
-        let placement = PlacementRule::new(options.pushdown, descriptions, host_rates, options.threads);
+        let in_process = nodes.iter().filter(|n| n.in_process()).map(|n| n.name().to_string()).collect();
+        let placement = PlacementRule::new(options.pushdown, descriptions, in_process, host_rates, options.threads);
         // Placement runs first, on the plan as the planner built it (partial aggregates directly
         // above their inputs, before DataFusion adds repartitioning and coalescing).
         let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(placement)];

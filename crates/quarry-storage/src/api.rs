@@ -186,6 +186,11 @@ impl ScanStats {
 pub trait StorageNode: Debug + Send + Sync {
     /// A name for messages (e.g. `local` or the node's address).
     fn name(&self) -> &str;
+    /// Whether the node runs in the host's process (embedded): its batches cross no link and
+    /// need no decoding, and its work competes with the host's for the same cores.
+    fn in_process(&self) -> bool {
+        false
+    }
     /// Names of the node's tables.
     async fn list_tables(&self) -> Result<Vec<String>>;
     /// The committed state of one table; a `Plan` error naming the table if it does not exist.

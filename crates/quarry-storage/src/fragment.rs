@@ -18,7 +18,6 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 #[allow(deprecated)]
-use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::filter::FilterExec;
@@ -268,7 +267,7 @@ pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
             return plan_err!("fragment: only top-k sorts (with a limit) run in storage");
         }
         check_plan_columns(plan, single_input()?.as_ref())?;
-    } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<CoalesceBatchesExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() {
+    } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() {
         check_plan_columns(plan, single_input()?.as_ref())?;
     } else {
         return plan_err!("fragment: operator {} is not run in storage", plan.name());

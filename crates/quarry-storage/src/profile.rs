@@ -158,11 +158,8 @@ pub struct Calibration {
     pub join_ns_per_row: f64,
     /// Receiving a batch from a node: the host's cost per byte (IPC decoding, copies).
     pub transfer_ns_per_byte: f64,
-    /// Late materialization: the cost per run of selected rows, per column decoded for them.
-    pub selection_ns_per_run: f64,
-    /// Late materialization: skipping a value in a page that must be read anyway, as a share
-    /// of the cost of decoding it.
-    pub skip_cost_share: f64,
+    /// Writing rows to a spill file or reading them back, per byte of Arrow data.
+    pub spill_ns_per_byte: f64,
     /// Selection over PLAIN pages (`PlainSelectExec`): copying values, per byte.
     pub plain_copy_ns_per_byte: f64,
     /// Selection over PLAIN pages: per run of selected rows per column (a copy by offset).
@@ -184,12 +181,9 @@ impl Default for Calibration {
             aggregate_ns_per_row: 10.0,
             join_ns_per_row: 40.0,
             // Measured on the development machine (2 cores): passthrough of 32 MB cost the host
-            // about 50 ms more than pushdown; 4M rows at 10% selectivity took 21 ms more device CPU
-            // than at 0.1%, for 720k runs.
+            // about 50 ms more than pushdown.
             transfer_ns_per_byte: 1.5,
-            selection_ns_per_run: 30.0,
-            // 4M rows x 63 columns at 0.1% selectivity took 363 ms of CPU, all rows 492 ms.
-            skip_cost_share: 0.75,
+            spill_ns_per_byte: 1.0,
             // Synthetic64 with PLAIN pages, 8M rows, `SELECT * WHERE col1 < c` on a node:
             // 406 ms of device CPU at 100% (2 GB copied), 97 ms at 0.1% (25,600 pages split),
             // 326 ms at 10% (45M runs); Synthetic4, `SELECT col2 ...`: 17 ms at 0.1%, 45 ms
