@@ -1,6 +1,7 @@
 //! `quarry`: the command-line front end. Embedded mode: the host and an in-process storage node
 //! over the warehouse directory run in this one process.
 
+mod allocator;
 mod bench;
 mod calibrate;
 mod generate;
@@ -17,12 +18,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-/// mimalloc keeps freed pages for reuse: with the system allocator, the scan's large
-/// short-lived buffers were mapped and zeroed by the kernel anew each time (a third of a
-/// scan's time in page faults and clearing, measured with perf).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Errors reach the user as one line of text; each command turns its errors into that line.
 pub type CliResult<T = ()> = Result<T, String>;
@@ -81,6 +76,9 @@ fn main() -> ExitCode {
         eprintln!("quarry: internal error: {info}\nThis is a bug in Quarry; please report it with the command you ran.");
     }));
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Graph(_)) {
+        allocator::return_freed_memory_at_once();
+    }
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let target = target::Target {
         warehouse: cli.warehouse.clone(),

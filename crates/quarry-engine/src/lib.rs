@@ -7,6 +7,8 @@
 //! `--pushdown on`) says so. The rest runs on the host in DataFusion's own operators.
 
 pub mod accounting;
+pub mod cardinality;
+pub mod join_order;
 pub mod output;
 pub mod placement;
 pub mod provider;

@@ -94,17 +94,22 @@ impl StorageTable {
         self.parts.iter().map(|(_, i)| i.total_bytes()).sum()
     }
 
-    /// Column statistics over all nodes: bounds widen, NULL counts add up.
+    /// Column statistics over all nodes: bounds widen, NULL counts add up. Distinct counts of
+    /// a column that is (nearly) unique on every node add up, as a key's do; others take the
+    /// largest node's count, as an attribute's with the same values everywhere does.
     fn column_statistics(&self, index: usize) -> ColumnStatistics {
         let mut merged: Option<ColumnStatistics> = None;
+        let mut unique_everywhere = true;
         for (_, info) in &self.parts {
             let c = info.column_statistics.get(index).cloned().unwrap_or_else(ColumnStatistics::new_unknown);
+            unique_everywhere &= c.distinct_count.get_value().is_some_and(|&d| d as f64 >= 0.9 * info.total_rows() as f64);
             merged = Some(match merged {
                 None => c,
                 Some(m) => ColumnStatistics {
                     null_count: m.null_count.add(&c.null_count),
                     min_value: m.min_value.min(&c.min_value),
                     max_value: m.max_value.max(&c.max_value),
+                    distinct_count: if unique_everywhere { m.distinct_count.add(&c.distinct_count) } else { m.distinct_count.max(&c.distinct_count) },
                     ..ColumnStatistics::new_unknown()
                 },
             });
@@ -121,6 +126,12 @@ impl TableProvider for StorageTable {
 
     fn table_type(&self) -> TableType {
         TableType::Base
+    }
+
+    /// The whole table's statistics (for the join-ordering rule's estimates).
+    fn statistics(&self) -> Option<Statistics> {
+        let columns = (0..self.info().schema.fields().len()).map(|i| self.column_statistics(i)).collect();
+        Some(scan_statistics(self.total_rows(), self.total_bytes(), columns, false))
     }
 
     /// Filters over this table's columns can run on the node; anything else (subqueries,

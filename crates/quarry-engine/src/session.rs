@@ -17,6 +17,7 @@ use futures::StreamExt;
 use quarry_storage::StorageNode;
 
 use crate::accounting::QueryStats;
+use crate::join_order::JoinOrderRule;
 use crate::output::ResultSink;
 use crate::placement::{PlacementRule, PushdownMode};
 use crate::provider::NodeSchemaProvider;
@@ -76,7 +77,11 @@ impl QuarrySession {
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         tune_host(&mut config);
-        let state = SessionStateBuilder::new().with_config(config).with_default_features().build();
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_optimizer_rule(Arc::new(JoinOrderRule))
+            .build();
         let mut descriptions = Vec::with_capacity(nodes.len());
         for node in &nodes {
             // Placement knows a node by the name the host uses for it.
@@ -190,6 +195,9 @@ fn check_read_only(plan: &LogicalPlan) -> Result<()> {
     let options = SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false);
     match plan {
         LogicalPlan::Ddl(DdlStatement::CreateView(_)) | LogicalPlan::Ddl(DdlStatement::DropView(_)) => Ok(()),
+        // Session settings (`SET datafusion.explain.show_statistics = true`) live as long as
+        // the session, as the user expects of them.
+        LogicalPlan::Statement(datafusion::logical_expr::Statement::SetVariable(_) | datafusion::logical_expr::Statement::ResetVariable(_)) => Ok(()),
         _ => options.verify_plan(plan).map_err(|_| {
             DataFusionError::Plan(format!(
                 "only queries are supported in SQL ({} is not); load tables with 'quarry load' or 'quarry gen'",

@@ -50,6 +50,8 @@ struct ColumnStatsWire {
     min: Option<String>,
     max: Option<String>,
     null_count: Option<u64>,
+    #[serde(default)]
+    distinct_count: Option<u64>,
 }
 
 impl TableInfoWire {
@@ -66,7 +68,12 @@ impl TableInfoWire {
             columns: info
                 .column_statistics
                 .iter()
-                .map(|c| ColumnStatsWire { min: text(&c.min_value), max: text(&c.max_value), null_count: c.null_count.get_value().map(|&n| n as u64) })
+                .map(|c| ColumnStatsWire {
+                    min: text(&c.min_value),
+                    max: text(&c.max_value),
+                    null_count: c.null_count.get_value().map(|&n| n as u64),
+                    distinct_count: c.distinct_count.get_value().map(|&n| n as u64),
+                })
                 .collect(),
         }
     }
@@ -93,6 +100,7 @@ impl TableInfoWire {
                     min_value: parse(&c.min),
                     max_value: parse(&c.max),
                     null_count: c.null_count.map_or(Precision::Absent, |n| Precision::Exact(n as usize)),
+                    distinct_count: c.distinct_count.map_or(Precision::Absent, |n| Precision::Inexact(n as usize)),
                     ..ColumnStatistics::new_unknown()
                 }
             })

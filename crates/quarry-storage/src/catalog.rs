@@ -10,7 +10,7 @@ use datafusion::common::pruning::PruningStatistics;
 use datafusion::common::stats::Precision;
 use datafusion::common::{Column, ColumnStatistics, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
-use quarry_table::{SegmentMeta, TableError, TableSnapshot};
+use quarry_table::{DistinctSketch, SegmentMeta, TableError, TableSnapshot};
 
 use crate::api::{SegmentInfo, TableInfo};
 
@@ -75,17 +75,25 @@ pub fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Resul
         .collect()
 }
 
-/// Bounds and NULL count of column `index` over `segments`; a bound stays unknown unless every
-/// segment with values has one.
+/// Bounds, NULL count and distinct count of column `index` over `segments`; a bound stays
+/// unknown unless every segment with values has one, and the distinct count unless every
+/// segment has a sketch.
 fn column_statistics(segments: &[SegmentMeta], index: usize, data_type: &DataType) -> ColumnStatistics {
     let parse = |text: &Option<String>| text.as_ref().and_then(|t| ScalarValue::try_from_string(t.clone(), data_type).ok());
     let mut min: Option<ScalarValue> = None;
     let mut max: Option<ScalarValue> = None;
     let mut bounds_known = true;
     let mut null_count = Some(0u64);
+    let mut distinct = Some(DistinctSketch::default());
     for segment in segments {
         let Some(column) = segment.columns.get(index) else { return ColumnStatistics::new_unknown() };
         null_count = null_count.zip(column.null_count).map(|(a, b)| a + b);
+        if let Some(union) = &mut distinct {
+            match column.distinct.as_deref().and_then(DistinctSketch::decode) {
+                Some(sketch) => union.merge(&sketch),
+                None => distinct = None,
+            }
+        }
         if column.null_count == Some(segment.rows) {
             continue; // all NULL: no bounds to contribute
         }
@@ -103,6 +111,10 @@ fn column_statistics(segments: &[SegmentMeta], index: usize, data_type: &DataTyp
         statistics.max_value = max.map_or(Precision::Absent, Precision::Inexact);
     }
     statistics.null_count = null_count.map_or(Precision::Absent, |n| Precision::Exact(n as usize));
+    // A sketch's estimate can exceed the rows it saw by its error; no column has more distinct
+    // values than non-NULL rows.
+    let non_null = segments.iter().map(|s| s.rows).sum::<u64>().saturating_sub(null_count.unwrap_or(0));
+    statistics.distinct_count = distinct.map_or(Precision::Absent, |d| Precision::Inexact(d.estimate().min(non_null) as usize));
     statistics
 }
 

@@ -13,9 +13,11 @@ pub mod error;
 pub mod ingest;
 pub mod manifest;
 pub mod segment;
+pub mod sketch;
 pub mod warehouse;
 
 pub use error::{Result, TableError};
 pub use manifest::{ColumnStats, Manifest, SegmentMeta, TableSchema};
 pub use segment::{PageEncoding, SegmentOptions, SegmentWriter};
+pub use sketch::DistinctSketch;
 pub use warehouse::{TableSnapshot, TableWriter, Warehouse, WriteMode};

@@ -101,6 +101,10 @@ pub struct ColumnStats {
     pub compressed_bytes: u64,
     /// Bytes of the column chunks once decompressed.
     pub uncompressed_bytes: u64,
+    /// A sketch of the column's distinct values ([`crate::DistinctSketch`]'s stored form), for
+    /// the planner's estimates; absent for types without one and in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distinct: Option<String>,
 }
 
 impl TableSchema {

@@ -18,6 +18,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Result, TableError};
 use crate::manifest::{ColumnStats, SegmentMeta, segment_relative_path};
+use crate::sketch::DistinctSketch;
 
 /// Rows per Parquet row group: large enough for efficient scans, small enough that row-group
 /// statistics prune well.
@@ -78,6 +79,8 @@ pub struct SegmentWriter {
     schema: SchemaRef,
     writer: Option<ArrowWriter<BufWriter<File>>>,
     rows: u64,
+    /// Per column, its distinct values so far (`None` for types without a sketch).
+    sketches: Vec<Option<DistinctSketch>>,
 }
 
 impl SegmentWriter {
@@ -100,7 +103,8 @@ impl SegmentWriter {
         }
         let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema.clone(), Some(props.build()))
             .map_err(|e| TableError::WriteSegment { path: path.clone(), reason: e.to_string() })?;
-        Ok(SegmentWriter { id, path, schema, writer: Some(writer), rows: 0 })
+        let sketches = schema.fields().iter().map(|f| DistinctSketch::supports(f.data_type()).then(DistinctSketch::default)).collect();
+        Ok(SegmentWriter { id, path, schema, writer: Some(writer), rows: 0, sketches })
     }
 
     /// The segment's id.
@@ -125,6 +129,11 @@ impl SegmentWriter {
             .write(&batch)
             .map_err(|e| TableError::WriteSegment { path: self.path.clone(), reason: e.to_string() })?;
         self.rows += batch.num_rows() as u64;
+        for (sketch, column) in self.sketches.iter_mut().zip(batch.columns()) {
+            if let Some(sketch) = sketch {
+                sketch.add_array(column);
+            }
+        }
         Ok(())
     }
 
@@ -143,10 +152,13 @@ impl SegmentWriter {
         std::io::Write::flush(file).map_err(TableError::io("flushing", &self.path))?;
         file.get_ref().sync_all().map_err(TableError::io("syncing", &self.path))?;
         let bytes = file.get_ref().metadata().map_err(TableError::io("reading metadata of", &self.path))?.len();
-        let columns = column_stats(&metadata, &self.schema).map_err(|reason| TableError::WriteSegment {
+        let mut columns = column_stats(&metadata, &self.schema).map_err(|reason| TableError::WriteSegment {
             path: self.path.clone(),
             reason,
         })?;
+        for (column, sketch) in columns.iter_mut().zip(&self.sketches) {
+            column.distinct = sketch.as_ref().map(DistinctSketch::encode);
+        }
         assert_eq!(metadata.file_metadata().num_rows() as u64, self.rows, "parquet row count differs from rows written");
         let meta = SegmentMeta {
             id: self.id.clone(),
@@ -238,6 +250,7 @@ fn column_stats(metadata: &ParquetMetaData, schema: &SchemaRef) -> std::result::
             compression,
             compressed_bytes,
             uncompressed_bytes,
+            distinct: None,
         });
     }
     Ok(out)

@@ -1,0 +1,534 @@
+//! Cost-based join ordering: a logical optimizer rule.
+//!
+//! DataFusion joins tables in the order the query lists them (its physical `JoinSelection` only
+//! swaps the sides of each join), so `FROM lineorder, date, part` probes every fact row through
+//! the `date` join before the selective `part` one. This rule takes each *join region* (a tree
+//! of inner equi-joins, with the filters and column-only projections between them and the
+//! semi/anti joins that decorrelated `IN`/`EXISTS` subqueries become) apart into its relations
+//! and conditions, and builds the tree with the least estimated work:
+//!
+//! * relations are put in a canonical order (by their plan text), so any FROM order and
+//!   explicit `JOIN ... ON` give the same plan;
+//! * up to [`MAX_EXHAUSTIVE`] relations, dynamic programming over connected subsets (DPsub
+//!   without cross products, Moerkotte & Neumann 2006) finds the cheapest bushy tree; beyond it,
+//!   greedy operator ordering (Fegaras 1998) joins the pair with the smallest result first;
+//! * the cost of a tree is the work of its hash joins: each join reads its probe side once,
+//!   inserts its build side (the smaller, put on the left, where DataFusion builds) at twice
+//!   that, and produces its output ([`cardinality`] estimates every size);
+//! * a filter or semi/anti join over one relation moves onto it; one over several runs as soon
+//!   as they are joined; after each join only the columns still needed are kept.
+//!
+//! A region whose graph is not connected (it needs a cross product) is left as written.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchemaRef, NullEquality, Result};
+use datafusion::logical_expr::utils::{conjunction, split_conjunction};
+use datafusion::logical_expr::{Expr, Filter, Join, JoinConstraint, JoinType, LogicalPlan, Projection};
+use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
+
+use crate::cardinality::{self, Estimate};
+
+/// Most relations ordered exhaustively; 3^10 / 2 splits take a few milliseconds.
+pub const MAX_EXHAUSTIVE: usize = 10;
+/// Relations in a region at most (masks are `u64`).
+const MAX_RELATIONS: usize = 64;
+
+/// The join-ordering rule (see the module docs).
+#[derive(Debug, Default)]
+pub struct JoinOrderRule;
+
+impl OptimizerRule for JoinOrderRule {
+    fn name(&self) -> &str {
+        "quarry_join_order"
+    }
+
+    fn rewrite(&self, plan: LogicalPlan, _config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
+        let rewritten = rewrite(plan.clone(), None)?;
+        Ok(if rewritten == plan { Transformed::no(plan) } else { Transformed::yes(rewritten) })
+    }
+}
+
+/// `plan` with its join regions reordered. `wanted`: the columns the consumer of `plan` reads,
+/// by name; `None` when it reads all of them by position, so that their number and order must
+/// stay.
+fn rewrite(plan: LogicalPlan, wanted: Option<&[Column]>) -> Result<LogicalPlan> {
+    if is_region(&plan) {
+        let schema = plan.schema();
+        let output = wanted.map_or_else(|| schema.columns(), |w| w.iter().filter(|c| schema.has_column(c)).cloned().collect());
+        if let Some(region) = Region::collect(&plan, output)?
+            && let Some(reordered) = region.order()?
+        {
+            return if wanted.is_some() || reordered.schema().columns() == schema.columns() { Ok(reordered) } else { restore_order(reordered, schema) };
+        }
+    }
+    let refs = |exprs: &mut dyn Iterator<Item = &Expr>| -> Vec<Column> {
+        let mut columns: Vec<Column> = Vec::new();
+        for c in exprs.flat_map(|e| e.column_refs()) {
+            if !columns.contains(c) {
+                columns.push(c.clone());
+            }
+        }
+        columns
+    };
+    let with = |wanted: Option<&[Column]>, more: Vec<Column>| wanted.map(|w| w.iter().cloned().chain(more).collect::<Vec<_>>());
+    let for_children: Option<Vec<Column>> = match &plan {
+        LogicalPlan::Projection(p) => Some(refs(&mut p.expr.iter())),
+        LogicalPlan::Aggregate(a) => Some(refs(&mut a.group_expr.iter().chain(&a.aggr_expr))),
+        LogicalPlan::Filter(f) => with(wanted, refs(&mut std::iter::once(&f.predicate))),
+        LogicalPlan::Sort(s) => with(wanted, refs(&mut s.expr.iter().map(|e| &e.expr))),
+        LogicalPlan::Limit(_) => wanted.map(<[Column]>::to_vec),
+        _ => None,
+    };
+    let changed = plan.map_children(|child| Ok(Transformed::yes(rewrite(child, for_children.as_deref())?)))?.data;
+    match changed {
+        // A projection of columns whose consumer reads by name lists them in its input's order,
+        // so that the columns' order, too, does not depend on how the query was written.
+        LogicalPlan::Projection(p) if wanted.is_some() && p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
+            let mut exprs = p.expr.clone();
+            let position = |e: &Expr| e.try_as_col().and_then(|c| p.input.schema().index_of_column(c).ok()).unwrap_or(usize::MAX);
+            exprs.sort_by_key(position);
+            Ok(LogicalPlan::Projection(Projection::try_new(exprs, Arc::clone(&p.input))?))
+        }
+        other => other.recompute_schema(),
+    }
+}
+
+/// `plan` rewritten for a consumer that reads all its columns by name.
+fn rewrite_relation(plan: &LogicalPlan) -> Result<LogicalPlan> {
+    let columns = plan.schema().columns();
+    rewrite(plan.clone(), Some(&columns))
+}
+
+/// A projection giving `reordered` the column order of `schema`.
+fn restore_order(reordered: LogicalPlan, schema: &DFSchemaRef) -> Result<LogicalPlan> {
+    let exprs = schema.columns().into_iter().map(Expr::Column).collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(reordered))?))
+}
+
+/// An inner equi-join whose keys compare with `=` (NULLs never match).
+fn is_inner(join: &Join) -> bool {
+    join.join_type == JoinType::Inner && join.null_equality == NullEquality::NullEqualsNothing && !join.on.is_empty()
+}
+
+/// A semi or anti join (what `IN` and `EXISTS` subqueries become): a filter on its left side.
+fn is_semi(join: &Join) -> bool {
+    matches!(join.join_type, JoinType::LeftSemi | JoinType::LeftAnti)
+}
+
+fn is_region(plan: &LogicalPlan) -> bool {
+    matches!(plan, LogicalPlan::Join(join) if is_inner(join) || is_semi(join))
+}
+
+fn has_subquery(expr: &Expr) -> bool {
+    expr.exists(|e| Ok(matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) | Expr::SetComparison(_) | Expr::OuterReferenceColumn(..))))
+        .unwrap_or(true)
+}
+
+/// Whether `plan` is part of the region above it rather than one of its relations.
+fn continues_region(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Join(join) => is_inner(join) || is_semi(join),
+        LogicalPlan::Projection(p) => p.expr.iter().all(|e| matches!(e, Expr::Column(_))) && continues_region(&p.input),
+        LogicalPlan::Filter(f) => !has_subquery(&f.predicate) && continues_region(&f.input),
+        _ => false,
+    }
+}
+
+/// One relation of a region: a plan the region joins, and its estimate.
+struct Relation {
+    plan: LogicalPlan,
+    estimate: Estimate,
+}
+
+/// An equality of a column of one relation with a column of another.
+#[derive(Clone)]
+struct Edge {
+    left: usize,
+    left_column: Column,
+    right: usize,
+    right_column: Column,
+}
+
+/// A condition over several relations, applied as soon as they are all joined.
+struct Condition {
+    expr: Expr,
+    relations: u64,
+}
+
+/// A semi or anti join over several relations, applied as soon as they are all joined.
+struct SemiJoin {
+    join: Join,
+    relations: u64,
+}
+
+/// A join region taken apart.
+struct Region {
+    relations: Vec<Relation>,
+    edges: Vec<Edge>,
+    conditions: Vec<Condition>,
+    semis: Vec<SemiJoin>,
+    /// The columns the region's output must have.
+    output: Vec<Column>,
+}
+
+/// What the walk over a region collects before the relations are known.
+#[derive(Default)]
+struct Parts {
+    relations: Vec<LogicalPlan>,
+    equalities: Vec<(Expr, Expr)>,
+    conditions: Vec<Expr>,
+    semis: Vec<Join>,
+}
+
+impl Parts {
+    fn walk(&mut self, plan: &LogicalPlan) -> Result<()> {
+        match plan {
+            LogicalPlan::Join(join) if is_inner(join) => {
+                self.walk(&join.left)?;
+                self.walk(&join.right)?;
+                self.equalities.extend(join.on.iter().cloned());
+                if let Some(filter) = &join.filter {
+                    self.conditions.extend(split_conjunction(filter).into_iter().cloned());
+                }
+            }
+            LogicalPlan::Join(join) if is_semi(join) => {
+                self.walk(&join.left)?;
+                let mut join = join.clone();
+                join.right = Arc::new(rewrite_relation(&join.right)?);
+                self.semis.push(join);
+            }
+            LogicalPlan::Projection(p) if continues_region(plan) => self.walk(&p.input)?,
+            LogicalPlan::Filter(f) if continues_region(plan) => {
+                self.conditions.extend(split_conjunction(&f.predicate).into_iter().cloned());
+                self.walk(&f.input)?;
+            }
+            // A relation: its own regions are ordered first (it is consumed by name).
+            other => self.relations.push(rewrite_relation(other)?),
+        }
+        Ok(())
+    }
+}
+
+impl Region {
+    /// The region rooted at `plan`; `None` where there is nothing to order or the region
+    /// cannot be taken apart safely.
+    fn collect(plan: &LogicalPlan, output: Vec<Column>) -> Result<Option<Region>> {
+        let mut parts = Parts::default();
+        parts.walk(plan)?;
+        if parts.relations.len() > MAX_RELATIONS || parts.relations.len() + parts.semis.len() < 3 {
+            return Ok(None);
+        }
+        // The canonical order: by plan text, whatever order the query named them in.
+        let mut plans: Vec<(String, LogicalPlan)> = parts.relations.into_iter().map(|p| (format!("{}", p.display_indent()), p)).collect();
+        plans.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut relations: Vec<LogicalPlan> = plans.into_iter().map(|(_, p)| p).collect();
+
+        let owner = |relations: &[LogicalPlan], column: &Column| relations.iter().position(|r| r.schema().index_of_column(column).is_ok());
+        let mask_of = |relations: &[LogicalPlan], expr: &Expr| -> Option<u64> {
+            expr.column_refs().into_iter().try_fold(0u64, |mask, c| owner(relations, c).map(|i| mask | 1 << i))
+        };
+
+        let mut edges = Vec::new();
+        let mut conditions: Vec<Expr> = parts.conditions;
+        for (left, right) in parts.equalities {
+            match (&left, &right) {
+                (Expr::Column(l), Expr::Column(r)) => match (owner(&relations, l), owner(&relations, r)) {
+                    (Some(a), Some(b)) if a != b => edges.push(Edge { left: a, left_column: l.clone(), right: b, right_column: r.clone() }),
+                    (Some(_), Some(_)) => conditions.push(left.eq(right)),
+                    _ => return Ok(None),
+                },
+                _ => conditions.push(left.eq(right)),
+            }
+        }
+        // Conditions on one relation move onto it; the rest wait for their relations.
+        let mut multi = Vec::new();
+        for expr in conditions {
+            let Some(mask) = mask_of(&relations, &expr) else { return Ok(None) };
+            if mask.count_ones() == 1 {
+                let i = mask.trailing_zeros() as usize;
+                relations[i] = LogicalPlan::Filter(Filter::try_new(expr, Arc::new(relations[i].clone()))?);
+            } else {
+                multi.push(Condition { expr, relations: mask });
+            }
+        }
+        let mut semis = Vec::new();
+        for join in parts.semis {
+            // The relations its left keys (and the left side of its filter) read.
+            let mut mask = 0u64;
+            for (left, _) in &join.on {
+                let Some(m) = mask_of(&relations, left) else { return Ok(None) };
+                mask |= m;
+            }
+            if let Some(filter) = &join.filter {
+                for column in filter.column_refs() {
+                    if let Some(i) = owner(&relations, column) {
+                        mask |= 1 << i;
+                    } else if join.right.schema().index_of_column(column).is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+            if mask == 0 {
+                return Ok(None);
+            }
+            if mask.count_ones() == 1 {
+                let i = mask.trailing_zeros() as usize;
+                relations[i] = semi_join_over(&join, relations[i].clone())?;
+            } else {
+                semis.push(SemiJoin { join, relations: mask });
+            }
+        }
+        let relations = relations.into_iter().map(|plan| Relation { estimate: cardinality::estimate(&plan), plan }).collect();
+        Ok(Some(Region { relations, edges, conditions: multi, semis, output }))
+    }
+
+    /// The region joined in the cheapest order found; `None` if it needs a cross product.
+    fn order(&self) -> Result<Option<LogicalPlan>> {
+        let sizes = Sizes::new(self);
+        let n = self.relations.len();
+        let tree = if n <= MAX_EXHAUSTIVE { self.exhaustive(&sizes) } else { self.greedy(&sizes) };
+        let Some(tree) = tree else { return Ok(None) };
+        let (plan, done) = self.build(&tree, &sizes)?;
+        debug_assert_eq!(done, full_mask(n));
+        Ok(Some(plan))
+    }
+
+    /// Relations adjacent (by an edge) to each relation.
+    fn adjacency(&self) -> Vec<u64> {
+        let mut adjacent = vec![0u64; self.relations.len()];
+        for e in &self.edges {
+            adjacent[e.left] |= 1 << e.right;
+            adjacent[e.right] |= 1 << e.left;
+        }
+        adjacent
+    }
+
+    fn connected(adjacent: &[u64], a: u64, b: u64) -> bool {
+        bits(a).any(|i| adjacent[i] & b != 0)
+    }
+
+    /// DPsub: the cheapest tree over every connected subset, subsets before their supersets.
+    fn exhaustive(&self, sizes: &Sizes) -> Option<Tree> {
+        let n = self.relations.len();
+        let adjacent = self.adjacency();
+        let mut best: Vec<Option<(f64, Tree)>> = vec![None; 1 << n];
+        for i in 0..n {
+            best[1 << i] = Some((0.0, Tree::Leaf(i)));
+        }
+        for set in 1..=full_mask(n) {
+            if set.count_ones() < 2 {
+                continue;
+            }
+            let lowest = set & set.wrapping_neg();
+            let mut sub = (set - 1) & set;
+            while sub > 0 {
+                let other = set ^ sub;
+                // Each split once: the part holding the lowest relation is `sub`.
+                if sub & lowest != 0
+                    && let (Some((cost_a, _)), Some((cost_b, _))) = (&best[sub as usize], &best[other as usize])
+                    && Self::connected(&adjacent, sub, other)
+                {
+                    let cost = cost_a + cost_b + sizes.join_work(sub, other);
+                    if best[set as usize].as_ref().is_none_or(|(c, _)| cost < *c) {
+                        best[set as usize] = Some((cost, Tree::Join(sub, other)));
+                    }
+                }
+                sub = (sub - 1) & set;
+            }
+        }
+        // The chosen tree, as splits looked up from the table.
+        fn expand(best: &[Option<(f64, Tree)>], set: u64) -> Option<Tree> {
+            match best[set as usize].as_ref()?.1 {
+                Tree::Leaf(i) => Some(Tree::Leaf(i)),
+                Tree::Join(a, b) => Some(Tree::Node(Box::new(expand(best, a)?), Box::new(expand(best, b)?))),
+                Tree::Node(..) => None,
+            }
+        }
+        expand(&best, full_mask(n))
+    }
+
+    /// Greedy operator ordering: join the connected pair with the smallest result.
+    fn greedy(&self, sizes: &Sizes) -> Option<Tree> {
+        let adjacent = self.adjacency();
+        let mut parts: Vec<(u64, Tree)> = (0..self.relations.len()).map(|i| (1u64 << i, Tree::Leaf(i))).collect();
+        while parts.len() > 1 {
+            let mut pick: Option<(f64, usize, usize)> = None;
+            for a in 0..parts.len() {
+                for b in a + 1..parts.len() {
+                    if !Self::connected(&adjacent, parts[a].0, parts[b].0) {
+                        continue;
+                    }
+                    let rows = sizes.rows(parts[a].0 | parts[b].0);
+                    if pick.is_none_or(|(r, _, _)| rows < r) {
+                        pick = Some((rows, a, b));
+                    }
+                }
+            }
+            let (_, a, b) = pick?;
+            let (mask_b, tree_b) = parts.remove(b);
+            let (mask_a, tree_a) = parts.remove(a);
+            parts.push((mask_a | mask_b, Tree::Node(Box::new(tree_a), Box::new(tree_b))));
+        }
+        parts.pop().map(|(_, tree)| tree)
+    }
+
+    /// The plan of `tree` and the relations it covers.
+    fn build(&self, tree: &Tree, sizes: &Sizes) -> Result<(LogicalPlan, u64)> {
+        let (a, b) = match tree {
+            Tree::Leaf(i) => return Ok((self.relations[*i].plan.clone(), 1 << i)),
+            Tree::Node(a, b) => (self.build(a, sizes)?, self.build(b, sizes)?),
+            Tree::Join(..) => unreachable!("expanded before building"),
+        };
+        // The smaller side is built (DataFusion builds the left side of a hash join).
+        let ((left, left_set), (right, right_set)) = if (sizes.rows(a.1), a.1) <= (sizes.rows(b.1), b.1) { (a, b) } else { (b, a) };
+        let set = left_set | right_set;
+        let mut on: Vec<(Expr, Expr)> = Vec::new();
+        for e in &self.edges {
+            if left_set & 1 << e.left != 0 && right_set & 1 << e.right != 0 {
+                on.push((Expr::Column(e.left_column.clone()), Expr::Column(e.right_column.clone())));
+            } else if left_set & 1 << e.right != 0 && right_set & 1 << e.left != 0 {
+                on.push((Expr::Column(e.right_column.clone()), Expr::Column(e.left_column.clone())));
+            }
+        }
+        let newly = |mask: u64| mask & !set == 0 && mask & !left_set != 0 && mask & !right_set != 0;
+        // Conditions over relations of both sides run in the join (a filter above it over
+        // columns of equal names, such as two aliases of one table, was pushed down wrongly by
+        // DataFusion's physical filter pushdown: TPC-H Q7 returned no rows).
+        let ready = conjunction(self.conditions.iter().filter(|c| newly(c.relations)).map(|c| c.expr.clone()));
+        let mut plan = LogicalPlan::Join(Join::try_new(Arc::new(left), Arc::new(right), on, ready, JoinType::Inner, JoinConstraint::On, NullEquality::NullEqualsNothing, false)?);
+        for semi in self.semis.iter().filter(|s| newly(s.relations)) {
+            plan = semi_join_over(&semi.join, plan)?;
+        }
+        Ok((self.keep_needed(plan, set)?, set))
+    }
+
+    /// `plan` (covering `set`) without the columns nothing above it reads.
+    fn keep_needed(&self, plan: LogicalPlan, set: u64) -> Result<LogicalPlan> {
+        let pending = |mask: u64| mask & set != 0 && mask & !set != 0;
+        let mut needed: Vec<&Column> = self.output.iter().collect();
+        for e in &self.edges {
+            if pending(1 << e.left | 1 << e.right) {
+                needed.push(&e.left_column);
+                needed.push(&e.right_column);
+            }
+        }
+        let later_exprs = self.conditions.iter().filter(|c| pending(c.relations)).map(|c| &c.expr);
+        let later_semis = self.semis.iter().filter(|s| pending(s.relations)).flat_map(|s| s.join.on.iter().map(|(l, _)| l).chain(s.join.filter.iter()));
+        let referenced: Vec<&Column> = later_exprs.chain(later_semis).flat_map(|e| e.column_refs()).collect();
+        needed.extend(referenced);
+        let columns = plan.schema().columns();
+        let kept: Vec<Column> = columns.iter().filter(|c| needed.contains(c)).cloned().collect();
+        if kept.len() == columns.len() {
+            return Ok(plan);
+        }
+        Ok(LogicalPlan::Projection(Projection::try_new(kept.into_iter().map(Expr::Column).collect(), Arc::new(plan))?))
+    }
+}
+
+/// `join` (a semi or anti join) with `left` as its left input.
+fn semi_join_over(join: &Join, left: LogicalPlan) -> Result<LogicalPlan> {
+    Ok(LogicalPlan::Join(Join::try_new(
+        Arc::new(left),
+        Arc::clone(&join.right),
+        join.on.clone(),
+        join.filter.clone(),
+        join.join_type,
+        join.join_constraint,
+        join.null_equality,
+        join.null_aware,
+    )?))
+}
+
+/// A join tree: during the search a `Join` names the two subsets (looked up in the table);
+/// the chosen tree is expanded into `Node`s.
+#[derive(Debug, Clone)]
+enum Tree {
+    Leaf(usize),
+    Join(u64, u64),
+    Node(Box<Tree>, Box<Tree>),
+}
+
+/// Estimated rows of every subset of a region's relations, independent of the order they are
+/// joined in (the product of the relations' rows and the selectivities of the edges,
+/// conditions and semi joins within the subset).
+struct Sizes {
+    rows: Vec<f64>,
+    /// Per pair of relations joined by edges, the selectivity of those edges together.
+    pairs: Vec<(u64, f64)>,
+    conditions: Vec<(u64, f64)>,
+    memo: std::cell::RefCell<std::collections::HashMap<u64, f64>>,
+}
+
+impl Sizes {
+    fn new(region: &Region) -> Self {
+        let rows = region.relations.iter().map(|r| r.estimate.rows.max(0.0)).collect();
+        let mut grouped: std::collections::BTreeMap<(usize, usize), Vec<(Column, Column)>> = std::collections::BTreeMap::new();
+        for e in &region.edges {
+            let (a, b, ca, cb) = if e.left < e.right { (e.left, e.right, &e.left_column, &e.right_column) } else { (e.right, e.left, &e.right_column, &e.left_column) };
+            grouped.entry((a, b)).or_default().push((ca.clone(), cb.clone()));
+        }
+        let pairs = grouped
+            .into_iter()
+            .map(|((a, b), keys)| {
+                let (ea, eb) = (&region.relations[a].estimate, &region.relations[b].estimate);
+                let product = ea.rows * eb.rows;
+                let selectivity = if product > 0.0 { cardinality::join_rows(ea, eb, &keys) / product } else { 1.0 };
+                (1u64 << a | 1 << b, selectivity)
+            })
+            .collect();
+        let combined = |mask: u64| {
+            let mut columns = std::collections::HashMap::new();
+            let mut rows = 1.0;
+            for i in bits(mask) {
+                let e = &region.relations[i].estimate;
+                columns.extend(e.columns.iter().map(|(c, v)| (c.clone(), *v)));
+                rows *= e.rows;
+            }
+            Estimate { rows, columns }
+        };
+        let mut conditions: Vec<(u64, f64)> = region.conditions.iter().map(|c| (c.relations, cardinality::selectivity(&c.expr, &combined(c.relations)))).collect();
+        for semi in &region.semis {
+            let left = combined(semi.relations);
+            let right = cardinality::estimate(&semi.join.right);
+            let left_keys: Vec<Column> = semi.join.on.iter().filter_map(|(l, _)| l.try_as_col().cloned()).collect();
+            let right_keys: Vec<Column> = semi.join.on.iter().filter_map(|(_, r)| r.try_as_col().cloned()).collect();
+            let matched = (right.distinct_of(&right_keys) / left.distinct_of(&left_keys).max(1.0)).clamp(0.0, 1.0);
+            let selectivity = if semi.join.join_type == JoinType::LeftSemi { matched } else { (1.0 - matched).max(0.1) };
+            conditions.push((semi.relations, selectivity));
+        }
+        Sizes { rows, pairs, conditions, memo: Default::default() }
+    }
+
+    /// Estimated rows of the relations in `set` joined.
+    fn rows(&self, set: u64) -> f64 {
+        if let Some(&rows) = self.memo.borrow().get(&set) {
+            return rows;
+        }
+        let mut rows: f64 = bits(set).map(|i| self.rows[i]).product();
+        for &(mask, selectivity) in self.pairs.iter().chain(&self.conditions) {
+            if mask & !set == 0 {
+                rows *= selectivity;
+            }
+        }
+        self.memo.borrow_mut().insert(set, rows);
+        rows
+    }
+
+    /// The work of joining `a` and `b`: reading the probe side, inserting the build side
+    /// (about twice the cost of a probe), producing the output.
+    fn join_work(&self, a: u64, b: u64) -> f64 {
+        let (ra, rb) = (self.rows(a), self.rows(b));
+        ra.max(rb) + 2.0 * ra.min(rb) + self.rows(a | b)
+    }
+}
+
+fn full_mask(n: usize) -> u64 {
+    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+}
+
+/// The indices of the set bits of `mask`.
+fn bits(mask: u64) -> impl Iterator<Item = usize> {
+    (0..64).filter(move |i| mask & 1 << i != 0)
+}
