@@ -58,6 +58,7 @@ fn rewrite(plan: LogicalPlan, wanted: Option<&[Column]>) -> Result<LogicalPlan> 
         let schema = plan.schema();
         let output = wanted.map_or_else(|| schema.columns(), |w| w.iter().filter(|c| schema.has_column(c)).cloned().collect());
         if let Some(region) = Region::collect(&plan, output)?
+            && region.relations.len() + region.semis.len() >= 3
             && let Some(reordered) = region.order()?
         {
             return if wanted.is_some() || reordered.schema().columns() == schema.columns() { Ok(reordered) } else { restore_order(reordered, schema) };
@@ -137,40 +138,40 @@ fn continues_region(plan: &LogicalPlan) -> bool {
 }
 
 /// One relation of a region: a plan the region joins, and its estimate.
-struct Relation {
-    plan: LogicalPlan,
-    estimate: Estimate,
+pub(crate) struct Relation {
+    pub(crate) plan: LogicalPlan,
+    pub(crate) estimate: Estimate,
 }
 
 /// An equality of a column of one relation with a column of another.
 #[derive(Clone)]
-struct Edge {
-    left: usize,
-    left_column: Column,
-    right: usize,
-    right_column: Column,
+pub(crate) struct Edge {
+    pub(crate) left: usize,
+    pub(crate) left_column: Column,
+    pub(crate) right: usize,
+    pub(crate) right_column: Column,
 }
 
 /// A condition over several relations, applied as soon as they are all joined.
-struct Condition {
+pub(crate) struct Condition {
     expr: Expr,
     relations: u64,
 }
 
 /// A semi or anti join over several relations, applied as soon as they are all joined.
-struct SemiJoin {
+pub(crate) struct SemiJoin {
     join: Join,
     relations: u64,
 }
 
 /// A join region taken apart.
-struct Region {
-    relations: Vec<Relation>,
-    edges: Vec<Edge>,
-    conditions: Vec<Condition>,
-    semis: Vec<SemiJoin>,
+pub(crate) struct Region {
+    pub(crate) relations: Vec<Relation>,
+    pub(crate) edges: Vec<Edge>,
+    pub(crate) conditions: Vec<Condition>,
+    pub(crate) semis: Vec<SemiJoin>,
     /// The columns the region's output must have.
-    output: Vec<Column>,
+    pub(crate) output: Vec<Column>,
 }
 
 /// What the walk over a region collects before the relations are known.
@@ -212,12 +213,12 @@ impl Parts {
 }
 
 impl Region {
-    /// The region rooted at `plan`; `None` where there is nothing to order or the region
-    /// cannot be taken apart safely.
-    fn collect(plan: &LogicalPlan, output: Vec<Column>) -> Result<Option<Region>> {
+    /// The region rooted at `plan`, producing the `output` columns; `None` where it cannot be
+    /// taken apart safely.
+    pub(crate) fn collect(plan: &LogicalPlan, output: Vec<Column>) -> Result<Option<Region>> {
         let mut parts = Parts::default();
         parts.walk(plan)?;
-        if parts.relations.len() > MAX_RELATIONS || parts.relations.len() + parts.semis.len() < 3 {
+        if parts.relations.len() > MAX_RELATIONS {
             return Ok(None);
         }
         // The canonical order: by plan text, whatever order the query named them in.
@@ -284,8 +285,14 @@ impl Region {
         Ok(Some(Region { relations, edges, conditions: multi, semis, output }))
     }
 
+    /// A region of `relations` joined by `edges` (indices into `relations`), producing `output`.
+    pub(crate) fn of(relations: Vec<LogicalPlan>, edges: Vec<Edge>, output: Vec<Column>) -> Region {
+        let relations = relations.into_iter().map(|plan| Relation { estimate: cardinality::estimate(&plan), plan }).collect();
+        Region { relations, edges, conditions: Vec::new(), semis: Vec::new(), output }
+    }
+
     /// The region joined in the cheapest order found; `None` if it needs a cross product.
-    fn order(&self) -> Result<Option<LogicalPlan>> {
+    pub(crate) fn order(&self) -> Result<Option<LogicalPlan>> {
         let sizes = Sizes::new(self);
         let n = self.relations.len();
         let tree = if n <= MAX_EXHAUSTIVE { self.exhaustive(&sizes) } else { self.greedy(&sizes) };

@@ -15,6 +15,8 @@ pub mod provider;
 pub mod scan;
 pub mod schema_text;
 pub mod session;
+pub mod star_exec;
+pub mod star_join;
 
 pub use accounting::{DeviceStats, OperatorStats, QueryStats, Side};
 pub use placement::{PlacementRule, PushdownMode};

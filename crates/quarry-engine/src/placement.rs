@@ -33,6 +33,7 @@ use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs, StatisticsContext
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
+use quarry_storage::star::StarProbeExec;
 use quarry_storage::{Calibration, NodeDescription, PlainSelectExec, ScanLeafExec, check_shippable};
 
 use crate::scan::{FragmentExec, FragmentPartition, leaves};
@@ -267,7 +268,12 @@ impl PlacementRule {
         // and reads them back.
         let (mut op_ns, mut join_ns) = (0.0, 0.0);
         root.apply(|plan| {
-            if let [child] = plan.children()[..] {
+            if plan.is::<StarProbeExec>() {
+                // On the node a star probe runs on the stored values as the pages are read
+                // (`StarScanExec`): the decoding is counted with the leaf, the probe is cheaper
+                // than over decoded batches.
+                op_ns += plan.children().first().map_or(0.0, |c| rows(c)) * self.host.star_scan_ns_per_row;
+            } else if let [child] = plan.children()[..] {
                 op_ns += rows(child) * op_ns_per_row(plan.as_ref(), &self.host);
             } else if plan.children().len() == 2 {
                 let inputs = plan.children();
@@ -389,7 +395,7 @@ fn can_run_on_node(plan: &dyn ExecutionPlan) -> bool {
     } else if let Some(sort) = plan.downcast_ref::<SortExec>() {
         sort.fetch().is_some()
     } else {
-        plan.is::<FilterExec>() || plan.is::<ProjectionExec>()
+        plan.is::<FilterExec>() || plan.is::<ProjectionExec>() || plan.is::<StarProbeExec>()
     }
 }
 
@@ -453,6 +459,8 @@ fn op_ns_per_row(plan: &dyn ExecutionPlan, rates: &Calibration) -> f64 {
         rates.filter_ns_per_row
     } else if plan.is::<AggregateExec>() {
         rates.aggregate_ns_per_row
+    } else if plan.is::<StarProbeExec>() {
+        rates.star_probe_ns_per_row
     } else if plan.is::<SortExec>() {
         2.0 * rates.filter_ns_per_row
     } else if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {

@@ -18,6 +18,7 @@ use quarry_storage::StorageNode;
 
 use crate::accounting::QueryStats;
 use crate::join_order::JoinOrderRule;
+use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
 use crate::placement::{PlacementRule, PushdownMode};
 use crate::provider::NodeSchemaProvider;
@@ -77,11 +78,7 @@ impl QuarrySession {
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         tune_host(&mut config);
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features()
-            .with_optimizer_rule(Arc::new(JoinOrderRule))
-            .build();
+        let state = with_star_joins(SessionStateBuilder::new().with_config(config).with_default_features().with_optimizer_rule(Arc::new(JoinOrderRule))).build();
         let mut descriptions = Vec::with_capacity(nodes.len());
         for node in &nodes {
             // Placement knows a node by the name the host uses for it.

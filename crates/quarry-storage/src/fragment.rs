@@ -29,11 +29,16 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream};
 use datafusion::common::JoinType;
 use datafusion_proto::bytes::{physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec};
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr_with_converter;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::protobuf::PhysicalExprNode;
+use prost::Message;
 
 use quarry_table::PageEncoding;
 
 use crate::api::{Fragment, ScanLeaf};
+use crate::star::{StarProbeExec, decode_probe, encode_probe};
 
 /// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
 /// fills with each partition's segments; on the node it is bound to a real scan before running.
@@ -141,9 +146,16 @@ impl ExecutionPlan for ScanLeafExec {
 /// and returns the schema the leaf produces.
 pub type LeafResolver = Arc<dyn Fn(&ScanLeaf) -> Result<SchemaRef> + Send + Sync>;
 
-/// The codec for fragment leaves. Encoding needs no catalog; decoding resolves every leaf.
+/// The first byte of an encoded star probe (a scan leaf's encoding is JSON, starting with `{`).
+const STAR_PROBE_TAG: u8 = b'S';
+
+/// The codec for fragment leaves and star probes. Encoding needs no catalog; decoding resolves
+/// every leaf.
 struct LeafCodec {
     resolve: Option<LeafResolver>,
+    /// Encoding to check that a plan can be shipped, before it runs: a star probe's tables,
+    /// built only when the query runs, are then encoded empty.
+    planning: bool,
 }
 
 impl fmt::Debug for LeafCodec {
@@ -157,9 +169,18 @@ impl PhysicalExtensionCodec for LeafCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
+        ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some((&STAR_PROBE_TAG, payload)) = buf.split_first() {
+            let [input] = inputs else { return plan_err!("fragment: a star probe needs one input") };
+            let input_schema = input.schema();
+            let decode_expr = |bytes: &[u8]| {
+                let node = PhysicalExprNode::decode(bytes).map_err(|e| plan_datafusion_err!("fragment: malformed expression: {e}"))?;
+                parse_physical_expr(&node, ctx, &input_schema, self)
+            };
+            return Ok(Arc::new(decode_probe(payload, Arc::clone(input), &decode_expr)?));
+        }
         if !inputs.is_empty() {
             return plan_err!("fragment: a scan leaf cannot have inputs");
         }
@@ -173,21 +194,29 @@ impl PhysicalExtensionCodec for LeafCodec {
         &self,
         node: Arc<dyn ExecutionPlan>,
         buf: &mut Vec<u8>,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
-        match node.downcast_ref::<ScanLeafExec>() {
-            Some(leaf) => {
-                serde_json::to_writer(buf, &leaf.leaf).map_err(|e| plan_datafusion_err!("encoding a scan leaf: {e}"))?;
-                Ok(())
-            }
-            None => plan_err!("operator {} cannot be shipped to a storage node", node.name()),
+        if let Some(leaf) = node.downcast_ref::<ScanLeafExec>() {
+            serde_json::to_writer(buf, &leaf.leaf).map_err(|e| plan_datafusion_err!("encoding a scan leaf: {e}"))?;
+            return Ok(());
         }
+        if let Some(probe) = node.downcast_ref::<StarProbeExec>() {
+            let encode_expr = |expr: &Arc<dyn PhysicalExpr>| Ok(serialize_physical_expr_with_converter(expr, self, proto_converter)?.encode_to_vec());
+            buf.push(STAR_PROBE_TAG);
+            buf.extend(encode_probe(probe, self.planning, &encode_expr)?);
+            return Ok(());
+        }
+        plan_err!("operator {} cannot be shipped to a storage node", node.name())
     }
 }
 
 /// Encodes a plan whose leaves are [`ScanLeafExec`]s.
 pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Fragment> {
-    let codec = LeafCodec { resolve: None };
+    encode_with(plan, false)
+}
+
+fn encode_with(plan: Arc<dyn ExecutionPlan>, planning: bool) -> Result<Fragment> {
+    let codec = LeafCodec { resolve: None, planning };
     Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)? })
 }
 
@@ -195,7 +224,7 @@ pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Fragment> {
 /// [`validate_fragment`]. Decoding untrusted bytes runs under `catch_unwind`: a malformed
 /// fragment must produce an error, never take the node down.
 pub fn decode_fragment(fragment: &Fragment, ctx: &TaskContext, resolve: LeafResolver) -> Result<Arc<dyn ExecutionPlan>> {
-    let codec = LeafCodec { resolve: Some(resolve) };
+    let codec = LeafCodec { resolve: Some(resolve), planning: false };
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         physical_plan_from_bytes_with_extension_codec(&fragment.plan, ctx, &codec)
     }))
@@ -209,7 +238,7 @@ pub fn decode_fragment(fragment: &Fragment, ctx: &TaskContext, resolve: LeafReso
 /// but cannot be decoded alone, e.g. a scalar subquery's), and passes [`validate_fragment`]. The
 /// host pushes only such plans, so a node never rejects what the host chose to send it.
 pub fn check_shippable(plan: &Arc<dyn ExecutionPlan>, ctx: &TaskContext) -> Result<()> {
-    let fragment = encode_fragment(Arc::clone(plan))?;
+    let fragment = encode_with(Arc::clone(plan), true)?;
     let mut schemas: Vec<(ScanLeaf, SchemaRef)> = Vec::new();
     plan.apply(|node| {
         if let Some(leaf) = node.downcast_ref::<ScanLeafExec>() {
@@ -267,7 +296,7 @@ pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
             return plan_err!("fragment: only top-k sorts (with a limit) run in storage");
         }
         check_plan_columns(plan, single_input()?.as_ref())?;
-    } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() {
+    } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() || any.is::<StarProbeExec>() {
         check_plan_columns(plan, single_input()?.as_ref())?;
     } else {
         return plan_err!("fragment: operator {} is not run in storage", plan.name());

@@ -12,9 +12,11 @@ pub mod fragment;
 pub mod grace_join;
 pub mod graph_job;
 pub mod local;
+pub mod page_reader;
 pub mod plain_select;
 pub mod plan_metrics;
 pub mod profile;
+pub mod star;
 
 pub use api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};

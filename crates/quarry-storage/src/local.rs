@@ -57,6 +57,7 @@ use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
 use crate::graph_job::{GraphJob, GraphJobOutput, run_graph_job};
 use crate::plain_select::{PlainSegment, PlainSelectExec};
+use crate::star::{StarProbeExec, StarScanExec, StarSegment};
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
 
 /// Default device memory when a profile sets none.
@@ -233,6 +234,11 @@ impl LocalStorageNode {
                 let snapshot = self.leaf_snapshot(leaf)?;
                 return self.bind_leaf(&snapshot, leaf, None, stats).await;
             }
+            if let Some(probe) = plan.downcast_ref::<StarProbeExec>()
+                && let Some(scan) = self.bind_star_scan(probe, stats).await?
+            {
+                return Ok(scan);
+            }
             if let Some(filter) = plan.downcast_ref::<FilterExec>()
                 && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
             {
@@ -310,6 +316,45 @@ impl LocalStorageNode {
             }
             None => select,
         }))
+    }
+
+    /// A star probe over a (filtered) leaf as a [`StarScanExec`], which reads the segments page
+    /// by page; `None` (the probe then runs over an ordinary scan) where a segment has a column
+    /// that reader does not read.
+    async fn bind_star_scan(&self, probe: &StarProbeExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let (leaf, predicate) = match probe.input().downcast_ref::<FilterExec>() {
+            Some(filter) if filter.projection().is_none() => (filter.input().downcast_ref::<ScanLeafExec>(), Some(filter.predicate())),
+            Some(_) => (None, None),
+            None => (probe.input().downcast_ref::<ScanLeafExec>(), None),
+        };
+        let (Some(leaf), Some(tables)) = (leaf, probe.tables()) else { return Ok(None) };
+        if leaf.leaf().limit.is_some() {
+            return Ok(None);
+        }
+        let snapshot = self.leaf_snapshot(leaf)?;
+        let mut counted = ScanStats::default();
+        let kept = self.kept_segments(&snapshot, leaf, predicate, &mut counted)?;
+        let columns = leaf.schema();
+        let mut segments = Vec::with_capacity(kept.len());
+        let mut footer_bytes = 0u64;
+        for segment in &kept {
+            let path = snapshot.segment_path(segment);
+            let path = ObjectPath::from_filesystem_path(&path).map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
+            match StarSegment::open(self.store.as_ref(), path, segment.bytes, &columns).await? {
+                Ok((opened, bytes)) => {
+                    footer_bytes += bytes;
+                    segments.push(opened);
+                }
+                Err(_) => return Ok(None),
+            }
+        }
+        stats.segments_requested += counted.segments_requested;
+        stats.segments_pruned += counted.segments_pruned;
+        stats.rows_scanned += counted.rows_scanned;
+        stats.bytes_read += footer_bytes;
+        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let scan = StarScanExec::try_new(segments, self.profile.threads(), columns, predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
+        Ok(Some(Arc::new(scan)))
     }
 
     /// The leaf's segments that survive the manifest's statistics under `predicate` (the
@@ -589,7 +634,7 @@ impl FragmentRun {
 
     fn final_stats(&mut self) -> ScanStats {
         let mut stats = std::mem::take(&mut self.stats);
-        stats.bytes_read = plan_metric_sum(self.plan.as_ref(), &|m| m.sum_by_name("bytes_scanned").map(|v| v.as_usize()));
+        stats.bytes_read += plan_metric_sum(self.plan.as_ref(), &|m| m.sum_by_name("bytes_scanned").map(|v| v.as_usize()));
         stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
         stats.device_cpu_ns = self.cpu.cpu_ns.load(Ordering::Relaxed);
         stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);

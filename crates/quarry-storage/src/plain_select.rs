@@ -19,7 +19,7 @@ use arrow::array::{ArrayData, ArrayRef, AsArray, RecordBatch, make_array};
 use arrow::buffer::MutableBuffer;
 use arrow::compute::prep_null_mask_filter;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Statistics, internal_err};
 use datafusion::error::Result;
@@ -37,9 +37,10 @@ use object_store::path::Path as ObjectPath;
 use parquet::basic::{Encoding, Type as PhysicalType};
 use parquet::column::page::Page;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{ColumnChunkMetaData, FooterTail, ParquetMetaData, ParquetMetaDataReader};
-use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 use parquet::file::serialized_reader::SerializedPageReader;
+
+use crate::page_reader::{ChunkBytes, read_footer};
 
 /// Column chunks read ahead while the current one is processed: the device's flash channels
 /// keep reading while its cores compute.
@@ -203,22 +204,11 @@ impl SelectJob {
         Ok(OpenFile { path: segment.path.clone(), metadata, columns, next_row_group: 0 })
     }
 
-    /// The file's footer: its last 8 bytes give the length of the metadata before them.
+    /// The file's footer.
     async fn read_metadata(&self, segment: &PlainSegment) -> Result<ParquetMetaData> {
-        const TAIL: u64 = 8;
-        let read = |range: std::ops::Range<u64>| async move {
-            let bytes = self.store.get_range(&segment.path, range).await.map_err(|e| DataFusionError::Execution(format!("reading {}: {e}", segment.path)))?;
-            self.bytes_scanned.add(bytes.len());
-            Ok::<_, DataFusionError>(bytes)
-        };
-        let short = || DataFusionError::Execution(format!("{}: {} bytes is too short for a Parquet file", segment.path, segment.size));
-        let tail_start = segment.size.checked_sub(TAIL).ok_or_else(short)?;
-        let tail = read(tail_start..segment.size).await?;
-        let tail: [u8; TAIL as usize] = tail[..].try_into().map_err(|_| short())?;
-        let footer = FooterTail::try_new(&tail).map_err(|e| parquet_error(&segment.path, e))?;
-        let start = tail_start.checked_sub(footer.metadata_length() as u64).ok_or_else(short)?;
-        let bytes = read(start..tail_start).await?;
-        ParquetMetaDataReader::decode_metadata(&bytes).map_err(|e| parquet_error(&segment.path, e))
+        let (metadata, bytes) = read_footer(self.store.as_ref(), &segment.path, segment.size).await?;
+        self.bytes_scanned.add(bytes as usize);
+        Ok(metadata)
     }
 
     /// Reads row group `index` of `file` and evaluates the predicate over it; `None` if no
@@ -348,7 +338,7 @@ impl ColumnPages {
         let column = chunk.column_path().string();
         let bad = |reason: String| DataFusionError::Execution(format!("{path}: column '{column}': {reason}"));
         let (start, _) = chunk.byte_range();
-        let reader = SerializedPageReader::new(Arc::new(ChunkBytes { start, bytes }), chunk, rows, None).map_err(|e| parquet_error(path, e))?;
+        let reader = SerializedPageReader::new(Arc::new(ChunkBytes { start, data: bytes }), chunk, rows, None).map_err(|e| parquet_error(path, e))?;
         let (mut first_rows, mut pages, mut first_row) = (Vec::new(), Vec::new(), 0);
         for page in reader {
             let (buf, values, encoding, levels) = match page.map_err(|e| parquet_error(path, e))? {
@@ -434,35 +424,3 @@ fn parquet_error(path: &ObjectPath, e: ParquetError) -> DataFusionError {
     DataFusionError::Execution(format!("reading {path}: {e}"))
 }
 
-/// A column chunk's bytes, addressed by file offset as the page reader expects.
-struct ChunkBytes {
-    start: u64,
-    bytes: Bytes,
-}
-
-impl ChunkBytes {
-    fn offset(&self, start: u64, length: usize) -> parquet::errors::Result<usize> {
-        let offset = start.checked_sub(self.start).map(|o| o as usize).filter(|o| o.saturating_add(length) <= self.bytes.len());
-        offset.ok_or_else(|| ParquetError::EOF(format!("{length} bytes at {start} are outside the column chunk read ({} bytes at {})", self.bytes.len(), self.start)))
-    }
-}
-
-impl Length for ChunkBytes {
-    fn len(&self) -> u64 {
-        self.start + self.bytes.len() as u64
-    }
-}
-
-impl ChunkReader for ChunkBytes {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        let offset = self.offset(start, 0)?;
-        Ok(self.bytes.slice(offset..).reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        let offset = self.offset(start, length)?;
-        Ok(self.bytes.slice(offset..offset + length))
-    }
-}

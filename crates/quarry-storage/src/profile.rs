@@ -160,6 +160,10 @@ pub struct Calibration {
     pub transfer_ns_per_byte: f64,
     /// Writing rows to a spill file or reading them back, per byte of Arrow data.
     pub spill_ns_per_byte: f64,
+    /// A star join's probe of decoded fact rows, per row.
+    pub star_probe_ns_per_row: f64,
+    /// A star join's probe on a node, over stored values as pages are read, per fact row.
+    pub star_scan_ns_per_row: f64,
     /// Selection over PLAIN pages (`PlainSelectExec`): copying values, per byte.
     pub plain_copy_ns_per_byte: f64,
     /// Selection over PLAIN pages: per run of selected rows per column (a copy by offset).
@@ -184,6 +188,8 @@ impl Default for Calibration {
             // about 50 ms more than pushdown.
             transfer_ns_per_byte: 1.5,
             spill_ns_per_byte: 1.0,
+            star_probe_ns_per_row: 10.0,
+            star_scan_ns_per_row: 1.0,
             // Synthetic64 with PLAIN pages, 8M rows, `SELECT * WHERE col1 < c` on a node:
             // 406 ms of device CPU at 100% (2 GB copied), 97 ms at 0.1% (25,600 pages split),
             // 326 ms at 10% (45M runs); Synthetic4, `SELECT col2 ...`: 17 ms at 0.1%, 45 ms

@@ -1,0 +1,266 @@
+//! `StarAggregateExec`: the host's half of the star join (see `quarry_storage::star`).
+//!
+//! It builds the dimensions (running each dimension's plan, evaluating its key and grouped
+//! expressions, numbering the distinct groups), fills the tables of the fact side's
+//! [`StarProbeExec`] (on the host, or inside a fragment the placement rule moved it into, which
+//! takes them along when it is sent), runs the fact side's partitions, merges their partial
+//! aggregates and turns group ids back into the dimensions' attribute values. A dimension key
+//! that appears twice would make the star join drop a match: the query then runs its original
+//! plan (the fallback) instead.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::compute::concat_batches;
+use arrow::datatypes::SchemaRef;
+use arrow::row::{RowConverter, SortField};
+use datafusion::common::{DataFusionError, HashMap, Result, Statistics, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
+use futures::{StreamExt, TryStreamExt};
+use quarry_storage::star::{Built, GroupedStates, KeyLookup, StarDimension, StarProbeExec, StarSpec, StarTables, TablesCell};
+
+/// A dimension as planned: its plan, its key, and the grouping expressions it computes (each
+/// with its position among the aggregate's groups).
+#[derive(Debug, Clone)]
+pub struct StarDimensionPlan {
+    pub plan: Arc<dyn ExecutionPlan>,
+    pub key: Arc<dyn PhysicalExpr>,
+    pub groups: Vec<(usize, Arc<dyn PhysicalExpr>)>,
+}
+
+/// See the module docs. Children: the fact side, the dimensions, the fallback.
+#[derive(Debug)]
+pub struct StarAggregateExec {
+    probe: Arc<dyn ExecutionPlan>,
+    spec: Arc<StarSpec>,
+    tables: TablesCell,
+    dims: Vec<StarDimensionPlan>,
+    /// Per dimension, the estimated distinct values of the fact's foreign key (for the share of
+    /// fact rows that find a partner, which orders the probes).
+    fact_distinct: Vec<f64>,
+    group_count: usize,
+    fallback: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl StarAggregateExec {
+    /// The star join of `probe` (a [`StarProbeExec`]) with `dims`, producing the schema of
+    /// `fallback` (the original aggregate), whose first `group_count` columns are the groups.
+    pub fn try_new(probe: Arc<StarProbeExec>, dims: Vec<StarDimensionPlan>, fact_distinct: Vec<f64>, group_count: usize, fallback: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let (spec, tables) = (Arc::clone(probe.spec()), Arc::clone(probe.tables_cell()));
+        Self::assemble(probe, spec, tables, dims, fact_distinct, group_count, fallback)
+    }
+
+    fn assemble(probe: Arc<dyn ExecutionPlan>, spec: Arc<StarSpec>, tables: TablesCell, dims: Vec<StarDimensionPlan>, fact_distinct: Vec<f64>, group_count: usize, fallback: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        if dims.len() != spec.keys.len() || fact_distinct.len() != dims.len() {
+            return internal_err!("StarAggregateExec: {} dimensions for {} keys", dims.len(), spec.keys.len());
+        }
+        let schema = fallback.schema();
+        let properties = PlanProperties::new(EquivalenceProperties::new(schema), Partitioning::UnknownPartitioning(1), EmissionType::Final, Boundedness::Bounded);
+        Ok(StarAggregateExec { probe, spec, tables, dims, fact_distinct, group_count, fallback, properties: Arc::new(properties), metrics: ExecutionPlanMetricsSet::new() })
+    }
+}
+
+impl DisplayAs for StarAggregateExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let groups: Vec<String> = self.dims.iter().map(|d| d.groups.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join(", ")).collect();
+        write!(f, "StarAggregateExec: dimensions={}, keys=[{}], groups by dimension=[{}]", self.dims.len(), self.dims.iter().map(|d| d.key.to_string()).collect::<Vec<_>>().join(", "), groups.join("; "))?;
+        if let Some(tables) = self.tables.get() {
+            write!(f, ", probe order={:?}", tables.order)?;
+        }
+        write!(f, ", fallback: ordinary joins if a dimension key repeats")
+    }
+}
+
+impl ExecutionPlan for StarAggregateExec {
+    fn name(&self) -> &str {
+        "StarAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        std::iter::once(&self.probe).chain(self.dims.iter().map(|d| &d.plan)).chain(std::iter::once(&self.fallback)).collect()
+    }
+
+    fn apply_expressions(&self, f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
+        let exprs = self.dims.iter().flat_map(|d| std::iter::once(&d.key).chain(d.groups.iter().map(|(_, e)| e)));
+        datafusion::physical_plan::apply_expression_roots(exprs, f)
+    }
+
+    fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != self.dims.len() + 2 {
+            return internal_err!("StarAggregateExec has {} children", self.dims.len() + 2);
+        }
+        let fallback = children.pop().expect("checked");
+        let probe = children.remove(0);
+        let dims = self.dims.iter().zip(children).map(|(d, plan)| StarDimensionPlan { plan, ..d.clone() }).collect();
+        Ok(Arc::new(Self::assemble(probe, Arc::clone(&self.spec), Arc::clone(&self.tables), dims, self.fact_distinct.clone(), self.group_count, fallback)?))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("StarAggregateExec has one partition, asked for {partition}");
+        }
+        let run = Run {
+            probe: Arc::clone(&self.probe),
+            spec: Arc::clone(&self.spec),
+            tables: Arc::clone(&self.tables),
+            dims: self.dims.clone(),
+            fact_distinct: self.fact_distinct.clone(),
+            group_count: self.group_count,
+            fallback: Arc::clone(&self.fallback),
+            schema: self.schema(),
+            build_time: MetricBuilder::new(&self.metrics).subset_time("build_time", 0),
+            probe_time: MetricBuilder::new(&self.metrics).subset_time("probe_time", 0),
+            output_rows: MetricBuilder::new(&self.metrics).output_rows(0),
+            fallbacks: MetricBuilder::new(&self.metrics).counter("fallbacks", 0),
+        };
+        let schema = self.schema();
+        let stream = futures::stream::once(run.run(context)).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(&self, _input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    }
+}
+
+/// One execution.
+struct Run {
+    probe: Arc<dyn ExecutionPlan>,
+    spec: Arc<StarSpec>,
+    tables: TablesCell,
+    dims: Vec<StarDimensionPlan>,
+    fact_distinct: Vec<f64>,
+    group_count: usize,
+    fallback: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    build_time: Time,
+    probe_time: Time,
+    output_rows: Count,
+    fallbacks: Count,
+}
+
+/// A dimension built: its lookup and, per group code, the values of its grouped expressions.
+struct BuiltDimension {
+    dimension: StarDimension,
+    /// (group position, values by code).
+    values: Vec<(usize, ArrayRef)>,
+}
+
+impl Run {
+    async fn run(self, context: Arc<TaskContext>) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        let timer = self.build_time.timer();
+        let mut built = Vec::with_capacity(self.dims.len());
+        for dim in &self.dims {
+            match build_dimension(dim, Arc::clone(&context)).await? {
+                Some(b) => built.push(b),
+                None => {
+                    self.fallbacks.add(1);
+                    // The optimizer may have merged away the coalescing put above it.
+                    let fallback = if self.fallback.output_partitioning().partition_count() > 1 { Arc::new(CoalescePartitionsExec::new(Arc::clone(&self.fallback))) as Arc<dyn ExecutionPlan> } else { Arc::clone(&self.fallback) };
+                    return Ok(fallback.execute(0, context)?.boxed());
+                }
+            }
+        }
+        timer.done();
+        // Probe the dimensions that keep the fewest fact rows first.
+        let pass: Vec<f64> = built.iter().zip(&self.fact_distinct).map(|(b, &distinct)| b.dimension.lookup.len() as f64 / distinct.max(1.0)).collect();
+        let mut order: Vec<usize> = (0..built.len()).collect();
+        order.sort_by(|&a, &b| pass[a].total_cmp(&pass[b]));
+        let tables = Arc::new(StarTables { dims: built.iter().map(|b| b.dimension.clone()).collect(), order });
+        let tables = Arc::clone(self.tables.get_or_init(|| tables));
+
+        let timer = self.probe_time.timer();
+        let funcs = self.spec.aggregates.iter().map(|a| (a.func, a.domain)).collect::<Vec<_>>();
+        let mut states = GroupedStates::new(funcs.clone(), tables.domain());
+        let partitions = (0..self.probe.output_partitioning().partition_count()).map(|p| self.probe.execute(p, Arc::clone(&context))).collect::<Result<Vec<_>>>()?;
+        let mut partials = futures::stream::select_all(partitions);
+        while let Some(partial) = partials.next().await {
+            states.merge(&partial?)?;
+        }
+        timer.done();
+        let batch = self.finish(&states, &tables, &built, &funcs)?;
+        self.output_rows.add(batch.num_rows());
+        Ok(futures::stream::iter([Ok(batch)]).boxed())
+    }
+
+    /// The output: group values decoded from the group ids, then the aggregates.
+    fn finish(&self, states: &GroupedStates, tables: &StarTables, built: &[BuiltDimension], funcs: &[(quarry_storage::star::AggFunc, quarry_storage::star::Domain)]) -> Result<RecordBatch> {
+        let outputs: Vec<_> = self.schema.fields().iter().skip(self.group_count).map(|f| f.data_type().clone()).collect();
+        let groups = states.groups();
+        if groups.is_empty() && self.group_count == 0 {
+            return Ok(RecordBatch::try_new(Arc::clone(&self.schema), GroupedStates::empty_row(funcs, &outputs))?);
+        }
+        let strides = tables.strides();
+        let mut columns: Vec<Option<ArrayRef>> = vec![None; self.group_count];
+        for (d, dimension) in built.iter().enumerate() {
+            let codes = UInt32Array::from_iter_values(groups.iter().map(|(gid, _)| ((gid / strides[d]) % tables.dims[d].groups as u64) as u32));
+            for (position, values) in &dimension.values {
+                columns[*position] = Some(arrow::compute::take(values.as_ref(), &codes, None)?);
+            }
+        }
+        let slots: Vec<usize> = groups.iter().map(|(_, s)| *s).collect();
+        let mut arrays: Vec<ArrayRef> = columns.into_iter().map(|c| c.ok_or_else(|| DataFusionError::Internal("a group no dimension computes".into()))).collect::<Result<_>>()?;
+        for (a, output) in outputs.iter().enumerate() {
+            arrays.push(states.finish(a, &slots, output)?);
+        }
+        // Group values are computed as their expressions type them; the aggregate's schema
+        // may differ in nullability only.
+        let arrays = arrays.iter().zip(self.schema.fields()).map(|(a, f)| if a.data_type() == f.data_type() { Ok(Arc::clone(a)) } else { arrow::compute::cast(a, f.data_type()) }).collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?)
+    }
+}
+
+/// Builds a dimension; `None` if a key repeats.
+async fn build_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> Result<Option<BuiltDimension>> {
+    let schema = dim.plan.schema();
+    let batches = collect(Arc::clone(&dim.plan), context).await?;
+    let rows = concat_batches(&schema, &batches)?;
+    let keys = dim.key.evaluate(&rows)?.into_array(rows.num_rows())?;
+    let grouped: Vec<ArrayRef> = dim.groups.iter().map(|(_, e)| e.evaluate(&rows).and_then(|v| v.into_array(rows.num_rows()))).collect::<Result<_>>()?;
+    // Number the distinct combinations of the grouped values, in first-seen order.
+    let (codes, representatives) = if grouped.is_empty() {
+        (vec![0u32; rows.num_rows()], vec![0u32])
+    } else {
+        let converter = RowConverter::new(grouped.iter().map(|a| SortField::new(a.data_type().clone())).collect())?;
+        let converted = converter.convert_columns(&grouped)?;
+        let mut seen: HashMap<arrow::row::Row<'_>, u32> = HashMap::new();
+        let mut representatives = Vec::new();
+        let codes = converted
+            .iter()
+            .enumerate()
+            .map(|(i, row)| {
+                let next = seen.len() as u32;
+                *seen.entry(row).or_insert_with(|| {
+                    representatives.push(i as u32);
+                    next
+                })
+            })
+            .collect();
+        (codes, representatives)
+    };
+    let lookup = match KeyLookup::build(&keys, &codes)? {
+        Built::Unique(lookup) => lookup,
+        Built::Duplicate(_) => return Ok(None),
+    };
+    let picks = UInt32Array::from(representatives);
+    let values = dim.groups.iter().zip(&grouped).map(|((position, _), array)| Ok((*position, arrow::compute::take(array.as_ref(), &picks, None)?))).collect::<Result<_>>()?;
+    let groups = picks.len().max(1) as u32;
+    Ok(Some(BuiltDimension { dimension: StarDimension { lookup, groups }, values }))
+}

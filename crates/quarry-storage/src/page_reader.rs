@@ -1,0 +1,748 @@
+//! Reading a Parquet column chunk page by page, for scans that touch only the rows they need.
+//!
+//! arrow-rs decodes whole pages into Arrow arrays; a star join that keeps 1% of the fact rows
+//! after its first probe needs the other columns' values for that 1% only. A [`ColumnChunk`]
+//! holds a row group's column decompressed (by the parquet crate's page reader) but not decoded:
+//! PLAIN values are read at their offsets, dictionary indices (the RLE / bit-packed hybrid) by
+//! position, and a predicate or dimension lookup on a dictionary-encoded column runs once per
+//! dictionary entry rather than once per row (HippogriffDB's evaluation on compressed data).
+//!
+//! Supported: flat required columns (or optional ones without NULLs in the chunk), INT32, INT64
+//! and BYTE_ARRAY physical types, PLAIN and dictionary encodings, data pages v1, any codec the
+//! parquet crate reads. Anything else is [`Unsupported`]: the caller scans such a segment the
+//! ordinary way.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, StringViewBuilder};
+use arrow::datatypes::DataType;
+use bytes::Bytes;
+use parquet::basic::{Encoding, Type as PhysicalType};
+use parquet::column::page::{Page, PageReader};
+use datafusion::common::DataFusionError;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::file::metadata::{ColumnChunkMetaData, FooterTail, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::serialized_reader::SerializedPageReader;
+
+/// A chunk this reader cannot read; the message says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported(pub String);
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+type Result<T> = std::result::Result<T, Unsupported>;
+
+fn unsupported<T>(what: impl Into<String>) -> Result<T> {
+    Err(Unsupported(what.into()))
+}
+
+/// Marks "no value" in code tables (a dictionary entry or row that fails a lookup).
+pub const NO_CODE: u32 = u32::MAX;
+
+/// A column chunk's values as they are stored, decompressed.
+#[derive(Debug)]
+pub struct ColumnChunk {
+    rows: usize,
+    kind: ValueKind,
+    dictionary: Option<Dictionary>,
+    pages: Vec<DataPage>,
+}
+
+/// How values are represented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    /// 4-byte little-endian integers (INT32: Int32, Date32, small decimals).
+    Int32,
+    /// 8-byte little-endian integers (INT64: Int64, decimals up to 18 digits).
+    Int64,
+    /// Length-prefixed byte strings (BYTE_ARRAY: Utf8).
+    Bytes,
+}
+
+/// A dictionary page's values.
+#[derive(Debug)]
+enum Dictionary {
+    Ints(Vec<i64>),
+    Bytes(ByteValues),
+}
+
+/// Byte strings as offsets into one buffer.
+#[derive(Debug, Default)]
+struct ByteValues {
+    data: Bytes,
+    /// `offsets[i]..offsets[i + 1]` is value `i`.
+    offsets: Vec<u32>,
+}
+
+impl ByteValues {
+    /// Parses `count` PLAIN byte arrays (4-byte length, then the bytes).
+    fn parse(data: Bytes, count: usize) -> Result<Self> {
+        let mut offsets = Vec::with_capacity(count + 1);
+        let mut starts = Vec::with_capacity(count + 1);
+        let mut pos = 0usize;
+        for _ in 0..count {
+            let Some(len) = data.get(pos..pos + 4) else { return unsupported("a byte array page ends early") };
+            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+            if pos + 4 + len > data.len() {
+                return unsupported("a byte array page ends early");
+            }
+            starts.push((pos + 4, len));
+            pos += 4 + len;
+        }
+        // Values are stored between length prefixes: copy them together so that value `i` is
+        // `offsets[i]..offsets[i + 1]`.
+        let mut packed = Vec::with_capacity(pos - 4 * count);
+        offsets.push(0);
+        for (start, len) in starts {
+            packed.extend_from_slice(&data[start..start + len]);
+            offsets.push(packed.len() as u32);
+        }
+        Ok(ByteValues { data: Bytes::from(packed), offsets })
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    fn value(&self, i: usize) -> &[u8] {
+        &self.data[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+}
+
+#[derive(Debug)]
+struct DataPage {
+    /// Row (within the row group) of the page's first value.
+    first_row: usize,
+    rows: usize,
+    body: PageBody,
+}
+
+#[derive(Debug)]
+enum PageBody {
+    /// Fixed-width values, `width` bytes each.
+    Plain { data: Bytes, width: usize },
+    /// Byte strings.
+    PlainBytes(ByteValues),
+    /// Dictionary indices.
+    Indices(Indices),
+}
+
+/// The dictionary indices of a page: runs of the RLE / bit-packed hybrid encoding.
+#[derive(Debug)]
+struct Indices {
+    data: Bytes,
+    bit_width: u8,
+    runs: Vec<Run>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// Position (within the page) of the run's first value.
+    first: u32,
+    len: u32,
+    kind: RunKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum RunKind {
+    /// One value repeated.
+    Repeated(u32),
+    /// Bit-packed values starting at this byte of the page's data.
+    Packed(u32),
+}
+
+impl Indices {
+    /// Parses the hybrid runs of `count` values (the bit width is the data's first byte).
+    fn parse(data: Bytes, count: usize) -> Result<Self> {
+        let Some(&bit_width) = data.first() else { return unsupported("an empty dictionary index page") };
+        if bit_width > 32 {
+            return unsupported(format!("dictionary indices of {bit_width} bits"));
+        }
+        let mut runs = Vec::new();
+        let mut pos = 1usize;
+        let mut first = 0usize;
+        while first < count {
+            let (header, used) = read_uleb128(&data[pos.min(data.len())..])?;
+            pos += used;
+            if header & 1 == 1 {
+                let groups = (header >> 1) as usize;
+                let len = (groups * 8).min(count - first);
+                let bytes = groups * bit_width as usize;
+                if pos + bytes > data.len() {
+                    return unsupported("bit-packed run past the end of the page");
+                }
+                runs.push(Run { first: first as u32, len: len as u32, kind: RunKind::Packed(pos as u32) });
+                pos += bytes;
+                first += len;
+            } else {
+                let len = ((header >> 1) as usize).min(count - first);
+                let width = (bit_width as usize).div_ceil(8);
+                let Some(raw) = data.get(pos..pos + width) else { return unsupported("repeated run past the end of the page") };
+                let mut value = [0u8; 4];
+                value[..width].copy_from_slice(raw);
+                runs.push(Run { first: first as u32, len: len as u32, kind: RunKind::Repeated(u32::from_le_bytes(value)) });
+                pos += width;
+                first += len;
+                if len == 0 {
+                    return unsupported("an empty repeated run");
+                }
+            }
+        }
+        Ok(Indices { data, bit_width, runs })
+    }
+
+    /// The index of the value at `position` within `run`.
+    #[inline]
+    fn get(&self, run: &Run, position: usize) -> u32 {
+        match run.kind {
+            RunKind::Repeated(v) => v,
+            RunKind::Packed(start) => read_bits(&self.data, start as usize * 8 + (position - run.first as usize) * self.bit_width as usize, self.bit_width),
+        }
+    }
+
+    /// Calls `f(position, index)` for every value in order.
+    fn for_each(&self, mut f: impl FnMut(usize, u32)) {
+        for run in &self.runs {
+            let (first, len) = (run.first as usize, run.len as usize);
+            match run.kind {
+                RunKind::Repeated(v) => (first..first + len).for_each(|p| f(p, v)),
+                RunKind::Packed(start) => {
+                    let base = start as usize * 8;
+                    let width = self.bit_width as usize;
+                    for i in 0..len {
+                        f(first + i, read_bits(&self.data, base + i * width, self.bit_width));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f(k, index)` for the values at `positions` (increasing, within the page).
+    fn for_positions(&self, positions: impl Iterator<Item = usize>, mut f: impl FnMut(usize, u32)) {
+        let mut run = 0usize;
+        for (k, p) in positions.enumerate() {
+            while (self.runs[run].first + self.runs[run].len) as usize <= p {
+                run += 1;
+            }
+            f(k, self.get(&self.runs[run], p));
+        }
+    }
+}
+
+/// `width` bits (at most 32) starting at bit `bit` of `data`, least significant bit first.
+#[inline]
+fn read_bits(data: &[u8], bit: usize, width: u8) -> u32 {
+    if width == 0 {
+        return 0;
+    }
+    let byte = bit / 8;
+    let word = match data.get(byte..byte + 8) {
+        Some(eight) => u64::from_le_bytes(eight.try_into().expect("8 bytes")),
+        None => {
+            let mut tail = [0u8; 8];
+            let available = &data[byte.min(data.len())..];
+            tail[..available.len()].copy_from_slice(available);
+            u64::from_le_bytes(tail)
+        }
+    };
+    ((word >> (bit % 8)) & ((1u64 << width) - 1)) as u32
+}
+
+fn read_uleb128(data: &[u8]) -> Result<(u64, usize)> {
+    let mut value = 0u64;
+    for (i, &byte) in data.iter().enumerate().take(10) {
+        value |= ((byte & 0x7f) as u64) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok((value, i + 1));
+        }
+    }
+    unsupported("a malformed run header")
+}
+
+/// A column chunk's bytes at their offset in the file (the page reader asks by file offset).
+pub(crate) struct ChunkBytes {
+    pub(crate) start: u64,
+    pub(crate) data: Bytes,
+}
+
+/// The footer of the Parquet file at `path` (`size` bytes) and the bytes read for it: the last
+/// 8 bytes give the length of the metadata before them.
+pub async fn read_footer(store: &dyn ObjectStore, path: &ObjectPath, size: u64) -> datafusion::error::Result<(ParquetMetaData, u64)> {
+    const TAIL: u64 = 8;
+    let failed = |e: String| DataFusionError::Execution(format!("reading {path}: {e}"));
+    let short = || failed(format!("{size} bytes is too short for a Parquet file"));
+    let tail_start = size.checked_sub(TAIL).ok_or_else(short)?;
+    let tail = store.get_range(path, tail_start..size).await.map_err(|e| failed(e.to_string()))?;
+    let tail: [u8; TAIL as usize] = tail[..].try_into().map_err(|_| short())?;
+    let footer = FooterTail::try_new(&tail).map_err(|e| failed(e.to_string()))?;
+    let start = tail_start.checked_sub(footer.metadata_length() as u64).ok_or_else(short)?;
+    let bytes = store.get_range(path, start..tail_start).await.map_err(|e| failed(e.to_string()))?;
+    let metadata = ParquetMetaDataReader::decode_metadata(&bytes).map_err(|e| failed(e.to_string()))?;
+    Ok((metadata, TAIL + bytes.len() as u64))
+}
+
+impl Length for ChunkBytes {
+    fn len(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+}
+
+impl ChunkReader for ChunkBytes {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(bytes::Buf::reader(self.get_bytes(start, (self.len() - start.min(self.len())) as usize)?))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let from = start.checked_sub(self.start).map(|f| f as usize);
+        match from {
+            Some(from) if from + length <= self.data.len() => Ok(self.data.slice(from..from + length)),
+            _ => Err(parquet::errors::ParquetError::EOF(format!("bytes {start}..{} are outside the column chunk", start + length as u64))),
+        }
+    }
+}
+
+impl ColumnChunk {
+    /// Whether this reader can read `column` (from its metadata alone; a page may still turn
+    /// out unsupported when read).
+    pub fn supports(column: &ColumnChunkMetaData) -> Result<ValueKind> {
+        let descr = column.column_descr();
+        if descr.max_rep_level() > 0 || descr.max_def_level() > 1 {
+            return unsupported(format!("column {} is nested", descr.path()));
+        }
+        if descr.max_def_level() == 1 && column.statistics().and_then(|s| s.null_count_opt()).is_none_or(|n| n > 0) {
+            return unsupported(format!("column {} may hold NULLs", descr.path()));
+        }
+        for encoding in column.encodings() {
+            if !matches!(encoding, Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY) {
+                return unsupported(format!("column {} uses the {encoding} encoding", descr.path()));
+            }
+        }
+        match column.column_type() {
+            PhysicalType::INT32 => Ok(ValueKind::Int32),
+            PhysicalType::INT64 => Ok(ValueKind::Int64),
+            PhysicalType::BYTE_ARRAY => Ok(ValueKind::Bytes),
+            other => unsupported(format!("column {} has physical type {other}", descr.path())),
+        }
+    }
+
+    /// Reads the chunk of `column` from `data`, the chunk's bytes (`column.byte_range()`).
+    pub fn read(column: &ColumnChunkMetaData, rows: usize, data: Bytes) -> Result<Self> {
+        let kind = Self::supports(column)?;
+        let max_def = column.column_descr().max_def_level();
+        let chunk = Arc::new(ChunkBytes { start: column.byte_range().0, data });
+        let mut pages = SerializedPageReader::new(chunk, column, rows, None).map_err(|e| Unsupported(e.to_string()))?;
+        let mut dictionary = None;
+        let mut data_pages = Vec::new();
+        let mut next_row = 0usize;
+        while let Some(page) = pages.get_next_page().map_err(|e| Unsupported(e.to_string()))? {
+            match page {
+                Page::DictionaryPage { buf, num_values, encoding, .. } => {
+                    if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
+                        return unsupported(format!("a dictionary page encoded {encoding}"));
+                    }
+                    dictionary = Some(match kind {
+                        ValueKind::Int32 => Dictionary::Ints(plain_ints(&buf, 4, num_values as usize)?),
+                        ValueKind::Int64 => Dictionary::Ints(plain_ints(&buf, 8, num_values as usize)?),
+                        ValueKind::Bytes => Dictionary::Bytes(ByteValues::parse(buf, num_values as usize)?),
+                    });
+                }
+                Page::DataPage { buf, num_values, encoding, .. } => {
+                    let count = num_values as usize;
+                    let values = if max_def == 1 { skip_all_valid_levels(buf, count)? } else { buf };
+                    let body = match encoding {
+                        Encoding::PLAIN => match kind {
+                            ValueKind::Int32 | ValueKind::Int64 => {
+                                let width = if kind == ValueKind::Int32 { 4 } else { 8 };
+                                if values.len() < count * width {
+                                    return unsupported("a PLAIN page ends early");
+                                }
+                                PageBody::Plain { data: values, width }
+                            }
+                            ValueKind::Bytes => PageBody::PlainBytes(ByteValues::parse(values, count)?),
+                        },
+                        Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => PageBody::Indices(Indices::parse(values, count)?),
+                        other => return unsupported(format!("a data page encoded {other}")),
+                    };
+                    data_pages.push(DataPage { first_row: next_row, rows: count, body });
+                    next_row += count;
+                }
+                Page::DataPageV2 { .. } => return unsupported("data page v2"),
+            }
+        }
+        if next_row != rows {
+            return unsupported(format!("the pages hold {next_row} values for {rows} rows"));
+        }
+        if data_pages.iter().any(|p| matches!(p.body, PageBody::Indices(_))) && dictionary.is_none() {
+            return unsupported("dictionary indices without a dictionary page");
+        }
+        Ok(ColumnChunk { rows, kind, dictionary, pages: data_pages })
+    }
+
+    /// Rows in the chunk.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// How the values are represented.
+    pub fn kind(&self) -> ValueKind {
+        self.kind
+    }
+
+    /// For integer columns: `codes(value)` for every dictionary entry, or `None` if the chunk
+    /// has no dictionary. Lets a caller evaluate a function once per distinct value.
+    fn dictionary_codes_int(&self, code: &impl Fn(i64) -> u32) -> Option<Vec<u32>> {
+        match &self.dictionary {
+            Some(Dictionary::Ints(values)) => Some(values.iter().map(|&v| code(v)).collect()),
+            _ => None,
+        }
+    }
+
+    fn dictionary_codes_bytes(&self, code: &impl Fn(&[u8]) -> u32) -> Option<Vec<u32>> {
+        match &self.dictionary {
+            Some(Dictionary::Bytes(values)) => Some((0..values.len()).map(|i| code(values.value(i))).collect()),
+            _ => None,
+        }
+    }
+
+    /// Keeps the rows (all rows if `selection` is `None`, else those listed, increasing) whose
+    /// value `code` maps to something other than [`NO_CODE`]: their rows go to `rows_out`, their
+    /// codes to `codes_out`. Integer columns only. A dictionary index past the dictionary (a
+    /// damaged file) maps to nothing.
+    pub fn keep_int(&self, selection: Option<&[u32]>, code: impl Fn(i64) -> u32, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
+        debug_assert!(self.kind != ValueKind::Bytes);
+        let table = self.dictionary_codes_int(&code);
+        self.for_page_selections(selection, |page, in_page| {
+            let base = page.first_row as u32;
+            match &page.body {
+                PageBody::Indices(indices) => keep_indices(indices, table.as_deref().unwrap_or(&[]), base, in_page, rows_out, codes_out),
+                PageBody::Plain { data, width: 4 } => keep_plain(data, 4, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64, &code, base, in_page, rows_out, codes_out),
+                PageBody::Plain { data, .. } => keep_plain(data, 8, |b| i64::from_le_bytes(b.try_into().expect("8 bytes")), &code, base, in_page, rows_out, codes_out),
+                PageBody::PlainBytes(_) => unreachable!("an integer column"),
+            }
+        });
+    }
+
+    /// [`Self::keep_int`] for byte-string columns.
+    pub fn keep_bytes(&self, selection: Option<&[u32]>, code: impl Fn(&[u8]) -> u32, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
+        debug_assert!(self.kind == ValueKind::Bytes);
+        let table = self.dictionary_codes_bytes(&code);
+        self.for_page_selections(selection, |page, in_page| {
+            let base = page.first_row as u32;
+            match &page.body {
+                PageBody::Indices(indices) => keep_indices(indices, table.as_deref().unwrap_or(&[]), base, in_page, rows_out, codes_out),
+                PageBody::PlainBytes(values) => {
+                    let mut keep = |p: usize| {
+                        let c = code(values.value(p));
+                        if c != NO_CODE {
+                            rows_out.push(base + p as u32);
+                            codes_out.push(c);
+                        }
+                    };
+                    match in_page {
+                        None => (0..page.rows).for_each(&mut keep),
+                        Some(rows) => rows.iter().for_each(|&r| keep((r - base) as usize)),
+                    }
+                }
+                PageBody::Plain { .. } => unreachable!("a byte-string column"),
+            }
+        });
+    }
+
+    /// Calls `f(page, rows selected in it)` for every page holding a selected row (every page,
+    /// with `None`, when there is no selection).
+    fn for_page_selections(&self, selection: Option<&[u32]>, mut f: impl FnMut(&DataPage, Option<&[u32]>)) {
+        match selection {
+            None => self.pages.iter().for_each(|page| f(page, None)),
+            Some(rows) => self.visit_pages(rows, |page, in_page| f(page, Some(in_page))),
+        }
+    }
+
+    /// The values at `rows` (increasing) as an Arrow array of `data_type` (Int32, Date32,
+    /// Int64, Decimal128 from INT32/INT64, or Utf8View from byte strings).
+    pub fn gather(&self, rows: &[u32], data_type: &DataType) -> Result<ArrayRef> {
+        match (self.kind, data_type) {
+            (ValueKind::Bytes, DataType::Utf8View | DataType::Utf8) => {
+                let mut builder = StringViewBuilder::with_capacity(rows.len());
+                let mut bad = false;
+                self.visit_bytes(rows, |bytes| match std::str::from_utf8(bytes) {
+                    Ok(s) => builder.append_value(s),
+                    Err(_) => bad = true,
+                })?;
+                if bad {
+                    return unsupported("a string that is not UTF-8");
+                }
+                let array: ArrayRef = Arc::new(builder.finish());
+                Ok(if data_type == &DataType::Utf8 { arrow::compute::cast(&array, data_type).map_err(|e| Unsupported(e.to_string()))? } else { array })
+            }
+            (ValueKind::Bytes, other) => unsupported(format!("byte strings as {other}")),
+            (_, data_type) => {
+                let mut values = Vec::with_capacity(rows.len());
+                self.visit_ints(rows, |v| values.push(v))?;
+                Ok(match data_type {
+                    DataType::Int32 => Arc::new(Int32Array::from_iter_values(values.into_iter().map(|v| v as i32))),
+                    DataType::Date32 => Arc::new(Date32Array::from_iter_values(values.into_iter().map(|v| v as i32))),
+                    DataType::Int64 => Arc::new(Int64Array::from(values)),
+                    DataType::Decimal128(p, s) => Arc::new(
+                        Decimal128Array::from_iter_values(values.into_iter().map(|v| v as i128))
+                            .with_precision_and_scale(*p, *s)
+                            .map_err(|e| Unsupported(e.to_string()))?,
+                    ),
+                    other => return unsupported(format!("integers as {other}")),
+                })
+            }
+        }
+    }
+
+    /// Calls `f` with the integer value of each row in `rows` (increasing), in order.
+    pub fn visit_ints(&self, rows: &[u32], mut f: impl FnMut(i64)) -> Result<()> {
+        let dictionary = match &self.dictionary {
+            Some(Dictionary::Ints(values)) => values.as_slice(),
+            _ => &[],
+        };
+        let mut bad = false;
+        self.visit_pages(rows, |page, in_page| match &page.body {
+            PageBody::Plain { data, width } => in_page.iter().for_each(|&r| f(int_at(data, *width, r as usize - page.first_row))),
+            PageBody::Indices(indices) => indices.for_positions(in_page.iter().map(|&r| r as usize - page.first_row), |_, i| match dictionary.get(i as usize) {
+                Some(&v) => f(v),
+                None => bad = true,
+            }),
+            PageBody::PlainBytes(_) => unreachable!("an integer column"),
+        });
+        if bad { unsupported("a dictionary index past the dictionary") } else { Ok(()) }
+    }
+
+    fn visit_bytes(&self, rows: &[u32], mut f: impl FnMut(&[u8])) -> Result<()> {
+        let empty = ByteValues::default();
+        let dictionary = match &self.dictionary {
+            Some(Dictionary::Bytes(values)) => values,
+            _ => &empty,
+        };
+        let mut bad = false;
+        self.visit_pages(rows, |page, in_page| match &page.body {
+            PageBody::PlainBytes(values) => in_page.iter().for_each(|&r| f(values.value(r as usize - page.first_row))),
+            PageBody::Indices(indices) => indices.for_positions(in_page.iter().map(|&r| r as usize - page.first_row), |_, i| {
+                if (i as usize) < dictionary.len() { f(dictionary.value(i as usize)) } else { bad = true }
+            }),
+            PageBody::Plain { .. } => unreachable!("a byte-string column"),
+        });
+        if bad { unsupported("a dictionary index past the dictionary") } else { Ok(()) }
+    }
+
+    /// Calls `f(page, rows in that page)` for the pages holding some of `rows` (increasing).
+    fn visit_pages(&self, rows: &[u32], mut f: impl FnMut(&DataPage, &[u32])) {
+        let mut cursor = 0usize;
+        for page in &self.pages {
+            let end = page.first_row + page.rows;
+            let start = cursor;
+            while cursor < rows.len() && (rows[cursor] as usize) < end {
+                cursor += 1;
+            }
+            if cursor > start {
+                f(page, &rows[start..cursor]);
+            }
+        }
+    }
+}
+
+/// `keep_*` over a page of dictionary indices: `table` is the code of each entry.
+fn keep_indices(indices: &Indices, table: &[u32], base: u32, in_page: Option<&[u32]>, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
+    let mut keep = |p: usize, index: u32| {
+        let c = table.get(index as usize).copied().unwrap_or(NO_CODE);
+        if c != NO_CODE {
+            rows_out.push(base + p as u32);
+            codes_out.push(c);
+        }
+    };
+    match in_page {
+        None => indices.for_each(keep),
+        Some(rows) => indices.for_positions(rows.iter().map(|&r| (r - base) as usize), |k, index| keep((rows[k] - base) as usize, index)),
+    }
+}
+
+/// `keep_int` over a page of PLAIN values `width` bytes wide, read by `value`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn keep_plain(data: &[u8], width: usize, value: impl Fn(&[u8]) -> i64, code: &impl Fn(i64) -> u32, base: u32, in_page: Option<&[u32]>, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
+    match in_page {
+        None => {
+            for (p, bytes) in data.chunks_exact(width).enumerate() {
+                let c = code(value(bytes));
+                if c != NO_CODE {
+                    rows_out.push(base + p as u32);
+                    codes_out.push(c);
+                }
+            }
+        }
+        Some(rows) => {
+            for &r in rows {
+                let at = (r - base) as usize * width;
+                let c = code(value(&data[at..at + width]));
+                if c != NO_CODE {
+                    rows_out.push(r);
+                    codes_out.push(c);
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn int_at(data: &[u8], width: usize, position: usize) -> i64 {
+    let at = position * width;
+    if width == 4 {
+        i32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as i64
+    } else {
+        i64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes"))
+    }
+}
+
+fn plain_ints(data: &[u8], width: usize, count: usize) -> Result<Vec<i64>> {
+    if data.len() < count * width {
+        return unsupported("a dictionary page ends early");
+    }
+    Ok((0..count).map(|i| int_at(data, width, i)).collect())
+}
+
+/// Data page v1 of an optional column: the definition levels (a 4-byte length, then the
+/// hybrid encoding at bit width 1) must all be 1; returns the values after them.
+fn skip_all_valid_levels(page: Bytes, count: usize) -> Result<Bytes> {
+    let Some(len) = page.get(..4) else { return unsupported("a page without its definition levels") };
+    let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+    let Some(levels) = page.get(4..4 + len) else { return unsupported("definition levels past the end of the page") };
+    let mut encoded = Vec::with_capacity(len + 1);
+    encoded.push(1u8);
+    encoded.extend_from_slice(levels);
+    let levels = Indices::parse(Bytes::from(encoded), count)?;
+    let mut all_valid = true;
+    levels.for_each(|_, level| all_valid &= level == 1);
+    if !all_valid {
+        return unsupported("a page with NULLs");
+    }
+    Ok(page.slice(4 + len..))
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, AsArray, Int32Array, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::basic::Compression;
+    use parquet::file::metadata::ParquetMetaDataReader;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    /// Rows whose values repeat (dictionary pages), a column too varied for its dictionary
+    /// (the writer falls back to PLAIN pages), and strings.
+    fn batch(rows: usize, nullable: bool) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("small", DataType::Int32, nullable),
+            Field::new("wide", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+        ]));
+        let small = Int32Array::from_iter_values((0..rows).map(|i| ((i * 7919) % 97) as i32 - 40));
+        let wide = Int64Array::from_iter_values((0..rows).map(|i| (i as i64).wrapping_mul(2_654_435_761) % 1_000_000_007));
+        let name = StringArray::from_iter_values((0..rows).map(|i| format!("name-{}", (i * 31) % 53)));
+        RecordBatch::try_new(schema, vec![Arc::new(small), Arc::new(wide), Arc::new(name)]).unwrap()
+    }
+
+    fn write(batch: &RecordBatch, props: WriterProperties) -> Bytes {
+        let mut out = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+        Bytes::from(out)
+    }
+
+    fn chunks(file: &Bytes) -> Vec<Result<ColumnChunk>> {
+        let metadata = ParquetMetaDataReader::new().parse_and_finish(file).unwrap();
+        let group = metadata.row_group(0);
+        (0..group.num_columns())
+            .map(|c| {
+                let column = group.column(c);
+                let (start, len) = column.byte_range();
+                ColumnChunk::read(column, group.num_rows() as usize, file.slice(start as usize..(start + len) as usize))
+            })
+            .collect()
+    }
+
+    /// Every configuration: the values gathered at a selection and the rows a lookup keeps are
+    /// those of the batch written.
+    #[test]
+    fn reads_what_arrow_wrote() {
+        let rows = 50_000;
+        let data = batch(rows, false);
+        let configs = [
+            WriterProperties::builder().set_compression(Compression::SNAPPY).set_data_page_row_count_limit(4_000).build(),
+            WriterProperties::builder().set_dictionary_enabled(false).set_data_page_row_count_limit(3_000).build(),
+            WriterProperties::builder().set_compression(Compression::ZSTD(Default::default())).set_dictionary_page_size_limit(1024).build(),
+        ];
+        let selection: Vec<u32> = (0..rows as u32).filter(|r| r % 13 == 0 || r % 1000 < 3).collect();
+        for props in configs {
+            let file = write(&data, props);
+            let chunks: Vec<ColumnChunk> = chunks(&file).into_iter().map(|c| c.unwrap()).collect();
+            for (c, chunk) in chunks.iter().enumerate() {
+                assert_eq!(chunk.rows(), rows);
+                let expected = arrow::compute::take(data.column(c), &arrow::array::UInt32Array::from(selection.clone()), None).unwrap();
+                let target = if c == 2 { DataType::Utf8 } else { data.column(c).data_type().clone() };
+                assert_eq!(chunk.gather(&selection, &target).unwrap().as_ref(), expected.as_ref(), "column {c}");
+            }
+            // Keep the even values of `small`, coded as value + 100.
+            let small = data.column(0).as_primitive::<arrow::datatypes::Int32Type>();
+            let code = |v: i64| if v % 2 == 0 { (v + 100) as u32 } else { NO_CODE };
+            let (mut kept, mut codes) = (Vec::new(), Vec::new());
+            chunks[0].keep_int(None, code, &mut kept, &mut codes);
+            let want: Vec<u32> = (0..rows as u32).filter(|&r| small.value(r as usize) % 2 == 0).collect();
+            assert_eq!(kept, want);
+            assert!(codes.iter().zip(&kept).all(|(&c, &r)| c == (small.value(r as usize) + 100) as u32));
+            // Then, among those, the wide values below 1e8 (a plain column for most pages).
+            let wide = data.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+            let (mut kept2, mut codes2) = (Vec::new(), Vec::new());
+            chunks[1].keep_int(Some(&kept), |v| if v < 100_000_000 { 1 } else { NO_CODE }, &mut kept2, &mut codes2);
+            let want2: Vec<u32> = want.iter().copied().filter(|&r| wide.value(r as usize) < 100_000_000).collect();
+            assert_eq!(kept2, want2);
+            // Strings, by dictionary entry.
+            let names = data.column(2).as_string::<i32>();
+            let (mut kept3, mut codes3) = (Vec::new(), Vec::new());
+            chunks[2].keep_bytes(Some(&want2), |b| if b.ends_with(b"7") { 7 } else { NO_CODE }, &mut kept3, &mut codes3);
+            let want3: Vec<u32> = want2.iter().copied().filter(|&r| names.value(r as usize).ends_with('7')).collect();
+            assert_eq!(kept3, want3);
+        }
+    }
+
+    #[test]
+    fn optional_columns_are_read_only_without_nulls() {
+        let rows = 10_000;
+        let file = write(&batch(rows, true), WriterProperties::builder().build());
+        let chunk = chunks(&file).remove(0).unwrap();
+        let small = |i: usize| ((i * 7919) % 97) as i32 - 40;
+        let gathered = chunk.gather(&[0, 1, 9_999], &DataType::Int32).unwrap();
+        assert_eq!(gathered.as_primitive::<arrow::datatypes::Int32Type>().values().to_vec(), vec![small(0), small(1), small(9_999)]);
+
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, true)]));
+        let with_nulls = RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![Some(1), None, Some(3)]))]).unwrap();
+        let file = write(&with_nulls, WriterProperties::builder().build());
+        let error = chunks(&file).remove(0).unwrap_err();
+        assert!(error.0.contains("NULLs"), "{error}");
+        assert_eq!(with_nulls.column(0).null_count(), 1);
+    }
+
+    #[test]
+    fn bit_reads_cross_byte_and_buffer_ends() {
+        let data = [0b1010_1100u8, 0b0101_0011, 0xFF];
+        assert_eq!(read_bits(&data, 0, 3), 0b100);
+        assert_eq!(read_bits(&data, 6, 5), 0b01110);
+        assert_eq!(read_bits(&data, 16, 8), 0xFF);
+        assert_eq!(read_bits(&data, 20, 0), 0);
+        assert_eq!(read_uleb128(&[0x80, 0x01]), Ok((128, 2)));
+        assert!(read_uleb128(&[0x80; 12]).is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! Dimension tables as the fact side probes them: a foreign key maps to the group code of its
+//! dimension row, or to nothing (no such row, or the row was filtered out).
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::datatypes::DataType;
+use datafusion::common::{DataFusionError, HashMap, Result, plan_err};
+
+use super::wire::{WireReader, WireWriter};
+use crate::page_reader::NO_CODE;
+
+/// A dense table is used when the keys fill at least this share of their range, or when the
+/// range is at most `DENSE_ALWAYS_ENTRIES` (4 MB of codes: a lookup into it costs less than
+/// hashing the key).
+const DENSE_MIN_FILL: f64 = 1.0 / 16.0;
+const DENSE_ALWAYS_ENTRIES: usize = 1 << 20;
+/// Entries of a dense table at most (4 bytes each); a sparser or larger key range is hashed.
+pub const DENSE_MAX_ENTRIES: usize = 1 << 26;
+
+/// Key to group code.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyLookup {
+    /// `codes[key - min]` (Crystal's and HeavyDB's directly indexed dimension).
+    Dense { min: i64, codes: Vec<u32> },
+    /// Integer keys hashed.
+    Ints(HashMap<i64, u32>),
+    /// String keys hashed.
+    Strings(HashMap<Box<[u8]>, u32>),
+}
+
+/// What building a lookup found.
+#[derive(Debug)]
+pub enum Built {
+    /// Every non-NULL key once.
+    Unique(KeyLookup),
+    /// A key that appears twice: the star join does not apply (it would drop a match).
+    Duplicate(String),
+}
+
+impl KeyLookup {
+    /// The lookup of `keys` (NULLs skipped: they join nothing), the `i`th key mapping to
+    /// `codes[i]`.
+    pub fn build(keys: &ArrayRef, codes: &[u32]) -> Result<Built> {
+        debug_assert_eq!(keys.len(), codes.len());
+        if is_string(keys.data_type()) {
+            let strings = arrow::compute::cast(keys, &DataType::Utf8View)?;
+            let strings = strings.as_string_view();
+            let mut map = HashMap::with_capacity(keys.len());
+            for (i, &code) in codes.iter().enumerate() {
+                if strings.is_null(i) {
+                    continue;
+                }
+                let key: Box<[u8]> = strings.value(i).as_bytes().into();
+                if map.insert(key, code).is_some() {
+                    return Ok(Built::Duplicate(strings.value(i).to_string()));
+                }
+            }
+            return Ok(Built::Unique(KeyLookup::Strings(map)));
+        }
+        let ints = int_values(keys)?;
+        let present: Vec<(i64, u32)> = ints.iter().zip(codes).filter_map(|(k, &c)| k.map(|k| (k, c))).collect();
+        let (min, max) = present.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &(k, _)| (lo.min(k), hi.max(k)));
+        let range = if present.is_empty() { 0 } else { (max as i128 - min as i128 + 1) as u128 };
+        let dense = !present.is_empty()
+            && range <= DENSE_MAX_ENTRIES as u128
+            && (range <= DENSE_ALWAYS_ENTRIES as u128 || present.len() as f64 >= DENSE_MIN_FILL * range as f64);
+        if dense {
+            let mut table = vec![NO_CODE; range as usize];
+            for &(key, code) in &present {
+                let slot = &mut table[(key - min) as usize];
+                if *slot != NO_CODE {
+                    return Ok(Built::Duplicate(key.to_string()));
+                }
+                *slot = code;
+            }
+            return Ok(Built::Unique(KeyLookup::Dense { min, codes: table }));
+        }
+        let mut map = HashMap::with_capacity(present.len());
+        for &(key, code) in &present {
+            if map.insert(key, code).is_some() {
+                return Ok(Built::Duplicate(key.to_string()));
+            }
+        }
+        Ok(Built::Unique(KeyLookup::Ints(map)))
+    }
+
+    /// Whether keys are strings.
+    pub fn is_strings(&self) -> bool {
+        matches!(self, KeyLookup::Strings(_))
+    }
+
+    /// Keys with a group code.
+    pub fn len(&self) -> usize {
+        match self {
+            KeyLookup::Dense { codes, .. } => codes.iter().filter(|&&c| c != NO_CODE).count(),
+            KeyLookup::Ints(map) => map.len(),
+            KeyLookup::Strings(map) => map.len(),
+        }
+    }
+
+    /// Whether no key has a code.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The code of an integer key, or [`NO_CODE`].
+    #[inline]
+    pub fn code_int(&self, key: i64) -> u32 {
+        match self {
+            KeyLookup::Dense { min, codes } => {
+                let slot = key.wrapping_sub(*min) as u64;
+                if slot < codes.len() as u64 { codes[slot as usize] } else { NO_CODE }
+            }
+            KeyLookup::Ints(map) => map.get(&key).copied().unwrap_or(NO_CODE),
+            KeyLookup::Strings(_) => NO_CODE,
+        }
+    }
+
+    /// The code of a string key, or [`NO_CODE`].
+    #[inline]
+    pub fn code_bytes(&self, key: &[u8]) -> u32 {
+        match self {
+            KeyLookup::Strings(map) => map.get(key).copied().unwrap_or(NO_CODE),
+            _ => NO_CODE,
+        }
+    }
+
+    /// Codes of the rows of `keys` (an array of the fact's foreign key; NULL has no code).
+    pub fn codes_of(&self, keys: &ArrayRef, rows: &[u32], out_rows: &mut Vec<u32>, out_codes: &mut Vec<u32>) -> Result<()> {
+        let mut push = |row: u32, code: u32| {
+            if code != NO_CODE {
+                out_rows.push(row);
+                out_codes.push(code);
+            }
+        };
+        if self.is_strings() {
+            let strings = arrow::compute::cast(keys, &DataType::Utf8View)?;
+            let strings = strings.as_string_view();
+            for &row in rows {
+                if strings.is_valid(row as usize) {
+                    push(row, self.code_bytes(strings.value(row as usize).as_bytes()));
+                }
+            }
+            return Ok(());
+        }
+        let ints = int_values(keys)?;
+        for &row in rows {
+            if let Some(key) = ints[row as usize] {
+                push(row, self.code_int(key));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn encode(&self, out: &mut WireWriter) {
+        match self {
+            KeyLookup::Dense { min, codes } => {
+                out.u8(0);
+                out.i64(*min);
+                out.u32s(codes);
+            }
+            KeyLookup::Ints(map) => {
+                out.u8(1);
+                let (keys, codes): (Vec<i64>, Vec<u32>) = map.iter().map(|(k, c)| (*k, *c)).unzip();
+                out.i64s(&keys);
+                out.u32s(&codes);
+            }
+            KeyLookup::Strings(map) => {
+                out.u8(2);
+                out.u64(map.len() as u64);
+                for (key, code) in map {
+                    out.bytes(key);
+                    out.u32(*code);
+                }
+            }
+        }
+    }
+
+    /// Decodes a lookup whose codes must be below `groups`.
+    pub(super) fn decode(input: &mut WireReader, groups: u32) -> Result<Self> {
+        let check = |code: u32| if code < groups { Ok(code) } else { plan_err!("fragment: a dimension code {code} of {groups} groups") };
+        match input.u8()? {
+            0 => {
+                let min = input.i64()?;
+                let codes = input.u32s()?;
+                if codes.len() > DENSE_MAX_ENTRIES {
+                    return plan_err!("fragment: a dense dimension of {} entries", codes.len());
+                }
+                for &c in &codes {
+                    if c != NO_CODE {
+                        check(c)?;
+                    }
+                }
+                Ok(KeyLookup::Dense { min, codes })
+            }
+            1 => {
+                let keys = input.i64s()?;
+                let codes = input.u32s()?;
+                if keys.len() != codes.len() {
+                    return plan_err!("fragment: a dimension with {} keys and {} codes", keys.len(), codes.len());
+                }
+                let mut map = HashMap::with_capacity(keys.len());
+                for (k, c) in keys.into_iter().zip(codes) {
+                    map.insert(k, check(c)?);
+                }
+                Ok(KeyLookup::Ints(map))
+            }
+            2 => {
+                let count = input.len_prefix()?;
+                let mut map = HashMap::with_capacity(count);
+                for _ in 0..count {
+                    let key: Box<[u8]> = input.bytes()?.into();
+                    map.insert(key, check(input.u32()?)?);
+                }
+                Ok(KeyLookup::Strings(map))
+            }
+            other => plan_err!("fragment: unknown dimension lookup kind {other}"),
+        }
+    }
+}
+
+/// Whether a foreign key of this type can be probed.
+pub fn supported_key_type(data_type: &DataType) -> bool {
+    is_string(data_type) || int_type(data_type)
+}
+
+fn is_string(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8)
+}
+
+fn int_type(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(data_type, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | Date32)
+}
+
+/// An integer key column as `i64`s (`None` for NULL).
+fn int_values(keys: &ArrayRef) -> Result<Vec<Option<i64>>> {
+    if !int_type(keys.data_type()) {
+        return Err(DataFusionError::Internal(format!("a star join key of type {}", keys.data_type())));
+    }
+    let wide = arrow::compute::cast(keys, &DataType::Int64)?;
+    Ok(wide.as_primitive::<arrow::datatypes::Int64Type>().iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int32Array, StringArray};
+
+    use super::*;
+
+    fn unique(built: Built) -> KeyLookup {
+        match built {
+            Built::Unique(lookup) => lookup,
+            Built::Duplicate(key) => panic!("duplicate {key}"),
+        }
+    }
+
+    #[test]
+    fn dense_sparse_and_string_keys_find_their_codes() {
+        let dense: ArrayRef = Arc::new(Int32Array::from(vec![Some(10), Some(12), None, Some(11)]));
+        let lookup = unique(KeyLookup::build(&dense, &[0, 1, 2, 3]).unwrap());
+        assert!(matches!(lookup, KeyLookup::Dense { min: 10, .. }));
+        assert_eq!([9, 10, 11, 12, 13].map(|k| lookup.code_int(k)), [NO_CODE, 0, 3, 1, NO_CODE]);
+
+        let sparse: ArrayRef = Arc::new(Int32Array::from(vec![1, 100_000_000, -5]));
+        let lookup = unique(KeyLookup::build(&sparse, &[7, 8, 9]).unwrap());
+        assert!(matches!(lookup, KeyLookup::Ints(_)));
+        assert_eq!([1, 100_000_000, -5, 2].map(|k| lookup.code_int(k)), [7, 8, 9, NO_CODE]);
+
+        let strings: ArrayRef = Arc::new(StringArray::from(vec!["a", "bb"]));
+        let lookup = unique(KeyLookup::build(&strings, &[0, 1]).unwrap());
+        assert_eq!((lookup.code_bytes(b"bb"), lookup.code_bytes(b"c")), (1, NO_CODE));
+
+        let probe: ArrayRef = Arc::new(StringArray::from(vec![Some("bb"), None, Some("a"), Some("zz")]));
+        let (mut rows, mut codes) = (Vec::new(), Vec::new());
+        lookup.codes_of(&probe, &[0, 1, 2, 3], &mut rows, &mut codes).unwrap();
+        assert_eq!((rows, codes), (vec![0, 2], vec![1, 0]));
+    }
+
+    #[test]
+    fn a_duplicated_key_is_reported() {
+        let keys: ArrayRef = Arc::new(Int32Array::from(vec![3, 4, 3]));
+        assert!(matches!(KeyLookup::build(&keys, &[0, 1, 2]).unwrap(), Built::Duplicate(k) if k == "3"));
+        let keys: ArrayRef = Arc::new(StringArray::from(vec!["x", "x"]));
+        assert!(matches!(KeyLookup::build(&keys, &[0, 1]).unwrap(), Built::Duplicate(k) if k == "x"));
+    }
+
+    #[test]
+    fn lookups_round_trip_and_bad_codes_are_rejected() {
+        for keys in [Arc::new(Int32Array::from(vec![5, 6, 8])) as ArrayRef, Arc::new(Int32Array::from(vec![5, 60_000_000, 8])), Arc::new(StringArray::from(vec!["p", "q", "r"]))] {
+            let lookup = unique(KeyLookup::build(&keys, &[0, 2, 1]).unwrap());
+            let mut out = WireWriter::default();
+            lookup.encode(&mut out);
+            let bytes = out.finish();
+            assert_eq!(KeyLookup::decode(&mut WireReader::new(&bytes), 3).unwrap(), lookup);
+            assert!(KeyLookup::decode(&mut WireReader::new(&bytes), 2).is_err(), "code 2 of 2 groups");
+            assert!(KeyLookup::decode(&mut WireReader::new(&bytes[..bytes.len() - 1]), 3).is_err(), "truncated");
+        }
+    }
+}
