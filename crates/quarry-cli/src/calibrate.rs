@@ -49,7 +49,7 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
     with_runtime(threads, async move {
         let session = |pushdown| {
             let node = Arc::new(LocalStorageNode::new(warehouse.clone()));
-            async move { QuarrySession::try_new(vec![node], EngineOptions { threads: 1, pushdown }).await.map_err(|e| user_message(&e)) }
+            async move { QuarrySession::try_new(vec![node], EngineOptions { threads: 1, pushdown, ..EngineOptions::default() }).await.map_err(|e| user_message(&e)) }
         };
         let off = session(PushdownMode::Off).await?;
         let on = session(PushdownMode::On).await?;

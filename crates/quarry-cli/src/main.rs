@@ -45,6 +45,10 @@ struct Cli {
     /// Device profile of the embedded storage node (built-in name or JSON file).
     #[arg(long, global = true)]
     profile: Option<String>,
+    /// Aggregates over a fact table joined to small dimension tables run as one star join
+    /// (`on`), or as a tree of hash joins (`off`).
+    #[arg(long, global = true, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    star_join: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -71,6 +75,14 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
 }
 
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("expected on or off, not '{other}'")),
+    }
+}
+
 fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("quarry: internal error: {info}\nThis is a bug in Quarry; please report it with the command you ran.");
@@ -85,6 +97,7 @@ fn main() -> ExitCode {
         nodes: cli.nodes.clone(),
         token_file: cli.token_file.clone(),
         pushdown: cli.pushdown,
+        star_join: cli.star_join,
         profile: cli.profile.clone(),
         threads,
     };

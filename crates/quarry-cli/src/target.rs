@@ -23,6 +23,8 @@ pub struct Target {
     pub token_file: Option<PathBuf>,
     /// Pushdown choice.
     pub pushdown: PushdownMode,
+    /// Whether star joins run fused.
+    pub star_join: bool,
     /// Device profile of the embedded node.
     pub profile: Option<String>,
     /// Host threads.
@@ -103,7 +105,7 @@ impl Target {
     /// A SQL session over the target's nodes.
     pub async fn session(&self) -> CliResult<QuarrySession> {
         let nodes = self.storage_nodes().await?;
-        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown }).await.map_err(|e| user_message(&e))
+        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown, star_join: self.star_join }).await.map_err(|e| user_message(&e))
     }
 }
 

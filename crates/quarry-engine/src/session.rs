@@ -30,11 +30,14 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Which operators go to the storage nodes.
     pub pushdown: PushdownMode,
+    /// Whether aggregates over star joins run as one fused star join (`StarAggregateExec`)
+    /// rather than as a tree of hash joins.
+    pub star_join: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto }
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, star_join: true }
     }
 }
 
@@ -78,7 +81,8 @@ impl QuarrySession {
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         tune_host(&mut config);
-        let state = with_star_joins(SessionStateBuilder::new().with_config(config).with_default_features().with_optimizer_rule(Arc::new(JoinOrderRule))).build();
+        let builder = SessionStateBuilder::new().with_config(config).with_default_features().with_optimizer_rule(Arc::new(JoinOrderRule));
+        let state = if options.star_join { with_star_joins(builder) } else { builder }.build();
         let mut descriptions = Vec::with_capacity(nodes.len());
         for node in &nodes {
             // Placement knows a node by the name the host uses for it.
