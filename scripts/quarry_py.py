@@ -813,6 +813,21 @@ def query_files(suite: str) -> list[Path]:
     return sorted(files, key=lambda p: query_sort_key(p.stem))
 
 
+def select_query_files(suite: str, wanted: str | None) -> list[Path]:
+    """The suite's query files, or only those named in ``wanted`` (``"q1.1,q2.1"``; ``q01`` and
+    ``q1`` are the same), in the suite's order. An unknown name raises ValueError rather than
+    making a silently smaller run."""
+    files = query_files(suite)
+    if not wanted:
+        return files
+    names = {normalize_query_name(n) for n in wanted.split(",") if n.strip()}
+    by_name = {normalize_query_name(p.stem): p for p in files}
+    unknown = sorted(names - set(by_name), key=query_sort_key)
+    if unknown:
+        raise ValueError(f"unknown {suite} queries: {', '.join(unknown)} (have {', '.join(by_name)})")
+    return [p for n, p in by_name.items() if n in names]
+
+
 def query_sort_key(name: str) -> tuple:
     """Natural order key for ``q1.1``/``q01``/``Q1``-style query names."""
     nums = re.findall(r"\d+", name)
@@ -849,3 +864,131 @@ def run_quarry_measured(args: list[str], timeout: float | None = None) -> tuple[
         raise RuntimeError(f"no peak RSS report in:\n{proc.stderr}")
     return wall, int(match.group(1)) / 2**20, proc.stdout
 
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmark helpers (compare_duckdb.py, bench_modes.py)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SqlRun:
+    """One ``quarry ... sql -f FILE --stats S`` process.
+
+    ``wall_ms`` is the query's own time from ``--stats`` (parse, plan, execute, collect),
+    ``process_ms`` the whole process as seen from outside (start-up, catalog, writing the
+    output); ``error`` is a one-line reason when the run failed (then ``wall_ms`` is None)."""
+
+    wall_ms: float | None
+    process_ms: float
+    error: str | None = None
+    stderr: str = ""
+
+
+def error_line(stderr: str, returncode: int, limit: int = 300) -> str:
+    """A one-line reason for a failed quarry run: its ``error: ...`` line (quarry prints one), else
+    the last line of stderr, else the exit status."""
+    lines = [ln.strip() for ln in (stderr or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.lower().startswith("error:"):
+            return ln[len("error:"):].strip()[:limit]
+        if "panicked at" in ln:
+            return ln[:limit]
+    return lines[-1][:limit] if lines else f"exit status {returncode}"
+
+
+def timed_quarry_sql(
+    global_args: Sequence[str],
+    sql_file: str | os.PathLike,
+    output: str | os.PathLike,
+    stats: str | os.PathLike,
+    timeout: float | None = 1800,
+) -> SqlRun:
+    """Run ``quarry GLOBAL_ARGS... sql -f FILE --format parquet --output OUT --stats STATS`` as
+    its own process and time it. Never raises for a failing query: the failure is in ``error``.
+    ``output`` and ``stats`` are removed first, so a failed run leaves no stale result behind."""
+    import time
+
+    output, stats = Path(output), Path(stats)
+    for p in (output, stats):
+        p.unlink(missing_ok=True)
+    cmd = [quarry_bin(), *map(str, global_args), "sql", "-f", str(sql_file),
+           "--format", "parquet", "--output", str(output), "--stats", str(stats)]
+    env = {**os.environ}
+    env.setdefault("RUST_BACKTRACE", "0")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              stdin=subprocess.DEVNULL, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return SqlRun(None, (time.perf_counter() - t0) * 1000.0, f"timed out after {timeout} s")
+    process_ms = (time.perf_counter() - t0) * 1000.0
+    if proc.returncode != 0:
+        return SqlRun(None, process_ms, error_line(proc.stderr, proc.returncode), proc.stderr[-4000:])
+    if not stats.is_file() or not output.is_file():
+        return SqlRun(None, process_ms, f"exited 0 but wrote no {'stats' if not stats.is_file() else 'output'}",
+                      proc.stderr[-4000:])
+    with open(stats, encoding="utf-8") as f:
+        wall_ms = float(json.load(f)["wall_ms"])
+    return SqlRun(wall_ms, process_ms, None, proc.stderr[-4000:])
+
+
+def relative_spread(times: Sequence[float]) -> float | None:
+    """Run-to-run noise of one query: (max - min) / min of its timed runs; None with fewer than
+    two runs (one run says nothing about noise) or a non-positive minimum."""
+    xs = [float(t) for t in times if t is not None]
+    if len(xs) < 2 or min(xs) <= 0:
+        return None
+    return (max(xs) - min(xs)) / min(xs)
+
+
+def median_spread(per_query_times: Iterable[Sequence[float]]) -> float | None:
+    """The median over queries of :func:`relative_spread` (queries without one are left out);
+    None when no query has two timed runs."""
+    import statistics
+
+    spreads = [s for s in (relative_spread(t) for t in per_query_times) if s is not None]
+    return statistics.median(spreads) if spreads else None
+
+
+def geomean(xs: Iterable[float | None]) -> float | None:
+    """Geometric mean of the positive finite values; None when there are none."""
+    vals = [float(x) for x in xs if x is not None and math.isfinite(x) and x > 0]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(x) for x in vals) / len(vals))
+
+
+def git_state(repo: str | os.PathLike = REPO_ROOT) -> dict:
+    """``{"commit": HEAD or None, "dirty": bool or None, "changed": [tracked files with changes]}``."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None, "changed": []}
+    if head.returncode != 0:
+        return {"commit": None, "dirty": None, "changed": []}
+    changed = [ln[3:] for ln in status.stdout.splitlines() if ln.strip()]
+    return {"commit": head.stdout.strip(), "dirty": bool(changed) if status.returncode == 0 else None,
+            "changed": changed}
+
+
+def binary_info(path: str | None = None) -> dict:
+    """Path, size, modification time and ``--version`` of the quarry binary (which may have been
+    built from a different tree than the checked-out commit)."""
+    import datetime
+
+    path = path or quarry_bin()
+    info: dict[str, Any] = {"path": str(Path(path).resolve()) if os.path.exists(path) else path}
+    try:
+        st = os.stat(path)
+        info["size"] = st.st_size
+        info["mtime"] = datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds")
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+        info["version"] = proc.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        info["error"] = str(e)
+    return info

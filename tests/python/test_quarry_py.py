@@ -166,3 +166,76 @@ def test_compare_query_results_uses_order_by():
     assert q.compare_query_results(sql, r1, r2)
     r3 = q.Result(["a", "b"], ["INTEGER", "DOUBLE"], [(1, 1.0), (0, 2.0)])
     assert not q.compare_query_results(sql, r1, r3)
+
+
+# ---------------------------------------------------------------------------- benchmark helpers
+
+
+def test_noise_and_geomean():
+    assert q.relative_spread([10.0, 12.0, 11.0]) == pytest.approx(0.2)
+    assert q.relative_spread([10.0]) is None  # one run says nothing about noise
+    assert q.relative_spread([]) is None
+    assert q.median_spread([[10, 11], [10, 13], [10, 20], [5]]) == pytest.approx(0.3)
+    assert q.median_spread([[1.0], []]) is None
+    assert q.geomean([2.0, 8.0, None]) == pytest.approx(4.0)
+    assert q.geomean([None, 0.0]) is None
+
+
+def test_error_line():
+    assert q.error_line("warning: x\nerror: No field named nope\n", 1) == "No field named nope"
+    assert q.error_line("something\nlast words\n", 2) == "last words"
+    assert q.error_line("", 101) == "exit status 101"
+
+
+def _entry(name, ratio=1.0, match=True, quarry_error=None, duckdb_error=None, q_times=(1.0, 1.1), d_times=(2.0, 2.0)):
+    return {"name": name, "ratio": ratio, "match": match, "mismatch": None if match is not False else "columns: a\nrow counts differ: quarry 2, duckdb 1",
+            "quarry": {"error": quarry_error, "times_ms": list(q_times)},
+            "duckdb": {"error": duckdb_error, "times_ms": list(d_times)}}
+
+
+def test_compare_duckdb_failure_accounting():
+    import compare_duckdb as cd
+
+    entries = [
+        _entry("q1", ratio=2.0),
+        _entry("q2", ratio=8.0, match=False),
+        _entry("q3", ratio=None, match=None, quarry_error="boom", q_times=()),
+        _entry("q4", ratio=None, match=None, duckdb_error="Binder Error", d_times=()),
+    ]
+    s = cd.summarize(entries, max_geomean=3.0, max_each=5.0)
+    # the geomean covers the two queries both engines ran, and the two errors are counted as failed
+    assert s["timed"] == 2 and s["geomean"] == pytest.approx(4.0)
+    assert s["failed"] == 3 and s["queries"] == 4
+    problems = [(f["query"], f["problem"]) for f in s["failures"]]
+    assert ("q2", "result differs from DuckDB: row counts differ: quarry 2, duckdb 1") in problems
+    assert ("q2", "8.00x DuckDB > --max-each 5.0") in problems
+    assert ("q3", "quarry error: boom") in problems and ("q4", "duckdb error: Binder Error") in problems
+    assert problems[-1][0] == "*" and "--max-geomean 3.0" in problems[-1][1]
+    assert entries[0]["failures"] == []
+    assert s["noise"]["quarry"] == pytest.approx(0.1) and s["noise"]["duckdb"] == 0.0
+    # nothing timed: a --max-geomean bound is missed, not silently met
+    s = cd.summarize([_entry("q1", ratio=None, match=None, quarry_error="x")], max_geomean=10.0)
+    assert s["geomean"] is None and any(f["query"] == "*" for f in s["failures"])
+
+
+def test_bench_modes_verdict():
+    import bench_modes as bm
+
+    def runs(auto, on, off, on_match=True, off_error=None):
+        mk = lambda best, match=True, error=None: {"best_ms": best, "match": match, "error": error}
+        return {"auto": mk(auto), "on": mk(on, on_match), "off": mk(off, True, off_error)}
+
+    v = bm.verdict(runs(10.0, 12.0, 9.5), max_ratio=1.10)
+    assert v["better"] == "off" and v["auto_over_best"] == pytest.approx(10 / 9.5) and v["failures"] == []
+    v = bm.verdict(runs(20.0, 10.0, 30.0), max_ratio=1.10)
+    assert v["better"] == "on" and v["failures"] == ["auto 2.00x on > --max-ratio 1.1"]
+    v = bm.verdict(runs(10.0, 10.0, None, on_match=False, off_error="boom"), max_ratio=1.10)
+    assert v["better"] == "on" and v["failures"] == ["off error: boom", "on result differs from auto"]
+    assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
+
+
+def test_select_query_files():
+    assert [p.stem for p in q.select_query_files("tpch", "q6, Q01,q10")] == ["q01", "q06", "q10"]
+    assert len(q.select_query_files("ssb", None)) == len(q.query_files("ssb"))
+    with pytest.raises(ValueError, match="q99"):
+        q.select_query_files("tpch", "q1,q99")

@@ -48,6 +48,10 @@ pub enum PageEncoding {
     /// scan that selects few rows skips the others' values without decoding them; this is the
     /// layout of the Smart SSD paper's uncompressed PAX pages, which its selectivity sweep ran on.
     Plain,
+    /// Dictionary encoding where it pays, pages not compressed further: a dictionary index is
+    /// read by position without decompressing its page first (lightweight compression only, as
+    /// in-memory column stores keep their data).
+    Dictionary,
 }
 
 impl PageEncoding {
@@ -56,6 +60,7 @@ impl PageEncoding {
         match self {
             PageEncoding::Compact => "compact",
             PageEncoding::Plain => "plain",
+            PageEncoding::Dictionary => "dictionary",
         }
     }
 }
@@ -67,7 +72,8 @@ impl std::str::FromStr for PageEncoding {
         match s {
             "compact" => Ok(PageEncoding::Compact),
             "plain" => Ok(PageEncoding::Plain),
-            other => Err(format!("unknown page encoding '{other}' (expected compact or plain)")),
+            "dictionary" => Ok(PageEncoding::Dictionary),
+            other => Err(format!("unknown page encoding '{other}' (expected compact, dictionary or plain)")),
         }
     }
 }
@@ -95,6 +101,7 @@ impl SegmentWriter {
         props = match options.page_encoding {
             PageEncoding::Compact => props.set_compression(Compression::SNAPPY),
             PageEncoding::Plain => props.set_compression(Compression::UNCOMPRESSED).set_dictionary_enabled(false).set_encoding(Encoding::PLAIN),
+            PageEncoding::Dictionary => props.set_compression(Compression::UNCOMPRESSED),
         };
         for column in &options.bloom_filter_columns {
             props = props

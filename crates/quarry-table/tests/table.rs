@@ -203,3 +203,19 @@ fn plain_pages_are_uncompressed_and_appends_keep_them() {
     assert_eq!(replaced.page_encoding, PageEncoding::Compact);
     assert_eq!(replaced.segments[0].columns[0].compression, "SNAPPY");
 }
+
+#[test]
+fn dictionary_pages_are_dictionary_encoded_and_uncompressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let options = SegmentOptions { page_encoding: "dictionary".parse().unwrap(), ..Default::default() };
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, options, vec![]).unwrap();
+    let segments = write_batches(&writer, std::iter::once(Ok(batch(0..100))), &|_| {}).unwrap();
+    let manifest = writer.commit(segments, vec![]).unwrap();
+    assert_eq!(manifest.page_encoding, PageEncoding::Dictionary);
+    for column in &manifest.segments[0].columns {
+        assert_eq!(column.compression, "UNCOMPRESSED", "{}", column.name);
+        assert!(column.encodings.iter().any(|e| e.contains("DICTIONARY")), "{}: {:?}", column.name, column.encodings);
+    }
+    assert!("zstd".parse::<PageEncoding>().unwrap_err().contains("compact, dictionary or plain"));
+}
