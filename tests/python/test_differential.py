@@ -10,6 +10,8 @@ coarser scale; floats within 1e-9 relative).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import quarry_py as q
@@ -90,3 +92,20 @@ def test_ssb_query(ssb_warehouse, ssb_duck, path, tmp_path):
 @pytest.mark.parametrize("path", TPCH_FILES, ids=[f"tpch-{p.stem}" for p in TPCH_FILES])
 def test_tpch_query(tpch_warehouse, tpch_duck, path, tmp_path):
     _differential(tpch_warehouse, tpch_duck, path, tmp_path)
+
+
+def test_tpch_q11_fraction_scales(tpch_warehouse, tpch_duck, tmp_path):
+    """Q11's FRACTION is 0.0001 / SF (TPC-H 2.4.11.3): the query file's result equals the query
+    with that fraction written out for the warehouse's SF (a fixed 0.0001 makes the threshold
+    SF times too high above SF 1, and Q11 returns nothing)."""
+    path = next(p for p in TPCH_FILES if p.stem == "q11")
+    sf = q.duckdb_result(tpch_duck, "select count(*) / 10000 from supplier").rows[0][0]
+    sql = path.read_text(encoding="utf-8")
+    # The subquery's select line, whatever the file computes there, with the fraction written out.
+    fixed, n = re.subn(r"select sum\(ps_supplycost \* ps_availqty\) \*[^\n]*\n",
+                       f"select sum(ps_supplycost * ps_availqty) * {0.0001 / sf!r}\n", sql)
+    assert n == 1
+    quarry = q.quarry_query(tpch_warehouse, file=path, out_dir=tmp_path)
+    assert quarry.rows
+    cmp = q.compare_query_results(sql, quarry, q.duckdb_result(tpch_duck, fixed))
+    assert cmp, f"Q11 with FRACTION 0.0001/SF (SF {sf}): {cmp}"
