@@ -331,7 +331,9 @@ impl Job {
             self.bytes_scanned.add(bytes.len());
             let _timer = self.baseline.elapsed_compute().timer();
             let index = leaf_index(&segment.metadata, self.columns.field(c).name()).expect("found when read");
-            let chunk = ColumnChunk::read(metadata.column(index), rows, bytes).map_err(|e| DataFusionError::Execution(format!("{}: {e}", segment.path)))?;
+            // Pages without a row still alive are skipped, not decompressed.
+            let wanted = narrowed.then_some(scratch.alive.as_slice());
+            let chunk = ColumnChunk::read(metadata.column(index), rows, bytes, wanted).map_err(|e| DataFusionError::Execution(format!("{}: {e}", segment.path)))?;
             chunks[c] = Some(chunk);
             // Run every step whose column is now read, in order.
             while step < self.steps.len() && chunks[self.steps[step].column].is_some() {
