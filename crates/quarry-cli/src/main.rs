@@ -87,6 +87,7 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("quarry: internal error: {info}\nThis is a bug in Quarry; please report it with the command you ran.");
     }));
+    allocator::disable_transparent_huge_pages();
     let cli = Cli::parse();
     if matches!(cli.command, Command::Graph(_)) {
         allocator::return_freed_memory_at_once();
