@@ -13,6 +13,7 @@ pub mod grace_join;
 pub mod graph_job;
 pub mod local;
 pub mod page_reader;
+pub mod page_select;
 pub mod plain_select;
 pub mod plan_metrics;
 pub mod profile;
@@ -24,5 +25,6 @@ pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragme
 pub use grace_join::GraceHashJoinExec;
 pub use plan_metrics::{OperatorIo, operator_io, plan_metric_sum};
 pub use local::{CALIBRATION_FILE, LocalStorageNode};
+pub use page_select::PageSelectExec;
 pub use plain_select::PlainSelectExec;
 pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size};

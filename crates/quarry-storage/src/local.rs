@@ -57,7 +57,8 @@ use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
 use crate::graph_job::{GraphJob, GraphJobOutput, run_graph_job};
 use crate::plain_select::{PlainSegment, PlainSelectExec};
-use crate::star::{StarProbeExec, StarScanExec, StarSegment};
+use crate::page_select::{PageSelectExec, PagedSegment};
+use crate::star::{StarProbeExec, StarScanExec};
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
 
 /// Default device memory when a profile sets none.
@@ -246,6 +247,9 @@ impl LocalStorageNode {
                 if let Some(select) = self.bind_plain_select(&snapshot, filter, leaf, stats)? {
                     return Ok(select);
                 }
+                if let Some(select) = self.bind_page_select(&snapshot, filter, leaf, stats).await? {
+                    return Ok(select);
+                }
                 let scan = self.bind_leaf(&snapshot, leaf, Some(filter.predicate()), stats).await?;
                 return replace_children_if_necessary(Arc::clone(&plan), vec![scan]);
             }
@@ -332,15 +336,42 @@ impl LocalStorageNode {
             return Ok(None);
         }
         let snapshot = self.leaf_snapshot(leaf)?;
+        let Some(segments) = self.paged_segments(&snapshot, leaf, predicate, stats).await? else { return Ok(None) };
+        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let scan = StarScanExec::try_new(segments, self.profile.threads(), leaf.schema(), predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
+        Ok(Some(Arc::new(scan)))
+    }
+
+    /// A filter directly over a leaf as a [`PageSelectExec`], which evaluates the comparisons
+    /// it can on the stored values page by page and decodes the other columns only for the rows
+    /// that pass; `None` (an ordinary scan and filter) where no comparison of the predicate runs
+    /// that way or a segment has a column that reader does not read.
+    async fn bind_page_select(&self, snapshot: &TableSnapshot, filter: &FilterExec, leaf: &ScanLeafExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if leaf.leaf().limit.is_some() || !PageSelectExec::supports(&leaf.schema(), filter.predicate()) {
+            return Ok(None);
+        }
+        let Some(segments) = self.paged_segments(snapshot, leaf, Some(filter.predicate()), stats).await? else { return Ok(None) };
+        if segments.is_empty() {
+            return Ok(Some(Arc::new(EmptyExec::new(filter.schema()))));
+        }
+        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let projection = filter.projection().as_ref().map(|p| p.to_vec());
+        let select = PageSelectExec::try_new(segments, self.profile.threads(), leaf.schema(), Arc::clone(filter.predicate()), projection, store)?;
+        Ok(Some(Arc::new(select)))
+    }
+
+    /// The leaf's segments that survive the manifest's statistics under `predicate`, opened to
+    /// be read page by page; `None` (counting nothing) if one of them cannot be.
+    async fn paged_segments(&self, snapshot: &TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Option<Vec<PagedSegment>>> {
         let mut counted = ScanStats::default();
-        let kept = self.kept_segments(&snapshot, leaf, predicate, &mut counted)?;
+        let kept = self.kept_segments(snapshot, leaf, predicate, &mut counted)?;
         let columns = leaf.schema();
         let mut segments = Vec::with_capacity(kept.len());
         let mut footer_bytes = 0u64;
         for segment in &kept {
             let path = snapshot.segment_path(segment);
             let path = ObjectPath::from_filesystem_path(&path).map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
-            match StarSegment::open(self.store.as_ref(), path, segment.bytes, &columns).await? {
+            match PagedSegment::open(self.store.as_ref(), path, segment.bytes, &columns).await? {
                 Ok((opened, bytes)) => {
                     footer_bytes += bytes;
                     segments.push(opened);
@@ -352,9 +383,7 @@ impl LocalStorageNode {
         stats.segments_pruned += counted.segments_pruned;
         stats.rows_scanned += counted.rows_scanned;
         stats.bytes_read += footer_bytes;
-        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
-        let scan = StarScanExec::try_new(segments, self.profile.threads(), columns, predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
-        Ok(Some(Arc::new(scan)))
+        Ok(Some(segments))
     }
 
     /// The leaf's segments that survive the manifest's statistics under `predicate` (the
@@ -478,7 +507,7 @@ impl StorageNode for LocalStorageNode {
         counters.fragments_active.fetch_add(1, Ordering::Relaxed);
         let run = FragmentRun {
             rx,
-            _workers: workers,
+            workers,
             _session: session,
             link: self.link.clone(),
             plan,
@@ -595,7 +624,7 @@ impl<F: Future + Unpin> Future for DevicePoll<F> {
 /// the workers and returns the grant.
 struct FragmentRun {
     rx: mpsc::Receiver<Result<RecordBatch>>,
-    _workers: JoinSet<()>,
+    workers: JoinSet<()>,
     _session: OwnedSemaphorePermit,
     link: Option<Arc<BandwidthLimiter>>,
     plan: Arc<dyn ExecutionPlan>,
@@ -627,6 +656,13 @@ impl FragmentRun {
             }
             None => {
                 self.finished = true;
+                // Every worker has dropped its sender; one that panicked must not pass for
+                // one that finished, or its partition's rows would silently be missing.
+                while let Some(joined) = self.workers.join_next().await {
+                    if let Err(e) = joined {
+                        return Some(Err(DataFusionError::Execution(format!("a worker of the fragment failed: {}", panic_message(e)))));
+                    }
+                }
                 Some(Ok(ScanMessage::Finished(self.final_stats())))
             }
         }
@@ -648,6 +684,19 @@ impl FragmentRun {
         c.spilled_bytes.fetch_add(stats.spilled_bytes, Ordering::Relaxed);
         stats
     }
+}
+
+/// What a worker's failure says: its panic's message, if it panicked.
+fn panic_message(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return error.to_string();
+    }
+    let payload = error.into_panic();
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "it panicked".into())
 }
 
 impl Drop for FragmentRun {

@@ -14,7 +14,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, StringViewBuilder};
+use arrow::array::builder::make_view;
+use arrow::array::{ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, StringViewArray};
+use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use bytes::Bytes;
 use parquet::basic::{Encoding, Type as PhysicalType};
@@ -81,6 +83,15 @@ struct ByteValues {
 }
 
 impl ByteValues {
+    /// Checks that every value is UTF-8: the whole buffer is, and no value starts inside a
+    /// character.
+    fn check_utf8(&self) -> Result<()> {
+        if std::str::from_utf8(&self.data).is_err() || self.offsets.iter().any(|&o| self.data.get(o as usize).is_some_and(|&b| (b as i8) < -0x40)) {
+            return unsupported("a string that is not UTF-8");
+        }
+        Ok(())
+    }
+
     /// Parses `count` PLAIN byte arrays (4-byte length, then the bytes).
     fn parse(data: Bytes, count: usize) -> Result<Self> {
         let mut offsets = Vec::with_capacity(count + 1);
@@ -223,6 +234,43 @@ impl Indices {
         }
     }
 
+    /// Appends `values[index]` for the indices of `page` (which these are) at `rows`
+    /// (increasing, within the page) to `out`; false if an index is past `values`. Where most
+    /// of the page is wanted, it is decoded whole (into `scratch`) and picked from: a run
+    /// search and a bit extraction per row cost more than that.
+    fn gather<T: Copy>(&self, rows: &[u32], page: &DataPage, values: &[T], scratch: &mut Vec<u32>, out: &mut Vec<T>) -> bool {
+        if rows.len() * 4 < page.rows {
+            let mut ok = true;
+            self.for_positions(rows.iter().map(|&r| r as usize - page.first_row), |_, i| match values.get(i as usize) {
+                Some(&v) => out.push(v),
+                None => ok = false,
+            });
+            return ok;
+        }
+        self.decode_all(scratch);
+        if scratch.iter().copied().max().is_some_and(|max| max as usize >= values.len()) {
+            return false;
+        }
+        if rows.len() == page.rows {
+            out.extend(scratch.iter().map(|&i| values[i as usize]));
+        } else {
+            out.extend(rows.iter().map(|&r| values[scratch[r as usize - page.first_row] as usize]));
+        }
+        true
+    }
+
+    /// Every index of the page, in order, into `out` (cleared first).
+    fn decode_all(&self, out: &mut Vec<u32>) {
+        out.clear();
+        for run in &self.runs {
+            let len = run.len as usize;
+            match run.kind {
+                RunKind::Repeated(v) => out.extend(std::iter::repeat_n(v, len)),
+                RunKind::Packed(start) => unpack_run(&self.data[start as usize..], self.bit_width, len, out),
+            }
+        }
+    }
+
     /// Calls `f(k, index)` for the values at `positions` (increasing, within the page).
     fn for_positions(&self, positions: impl Iterator<Item = usize>, mut f: impl FnMut(usize, u32)) {
         let mut run = 0usize;
@@ -232,6 +280,45 @@ impl Indices {
             }
             f(k, self.get(&self.runs[run], p));
         }
+    }
+}
+
+/// Appends the `len` values of a bit-packed run of `width`-bit values (at most 32) starting
+/// at `data`'s first byte to `out`: eight at a time by an unpacker for that width, which reads
+/// eight bytes past each group's start, then the rest one by one.
+fn unpack_run(data: &[u8], width: u8, len: usize, out: &mut Vec<u32>) {
+    macro_rules! by_width {
+        ($($w:literal)*) => {
+            match width {
+                0 => { out.extend(std::iter::repeat_n(0, len)); return; }
+                $($w => unpack_groups::<$w>(data, len, out),)*
+                _ => unreachable!("bit widths over 32 are rejected when parsed"),
+            }
+        };
+    }
+    let done = out.len();
+    by_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
+    let unpacked = out.len() - done;
+    out.extend((unpacked..len).map(|i| read_bits(data, i * width as usize, width)));
+}
+
+/// Unpacks whole groups of eight `W`-bit values while eight bytes can be read past each
+/// group's start (its `W` bytes and some of the next); returns having appended a multiple of 8.
+#[inline(always)]
+fn unpack_groups<const W: usize>(data: &[u8], len: usize, out: &mut Vec<u32>) {
+    let mask = if W == 32 { u32::MAX as u64 } else { (1u64 << W) - 1 };
+    let groups = (len / 8).min(data.len().saturating_sub(8) / W);
+    out.reserve(groups * 8);
+    for g in 0..groups {
+        // Each 8-byte read starts at byte (i * W) / 8 < W of the window: inside it.
+        let window = &data[g * W..g * W + W + 8];
+        let mut values = [0u32; 8];
+        for (i, value) in values.iter_mut().enumerate() {
+            let bit = i * W;
+            let word = u64::from_le_bytes(window[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+            *value = ((word >> (bit % 8)) & mask) as u32;
+        }
+        out.extend_from_slice(&values);
     }
 }
 
@@ -409,6 +496,12 @@ impl ColumnChunk {
         self.rows
     }
 
+    /// The row after the last of the page holding `row` (`None` if no page read holds it).
+    pub fn page_end(&self, row: usize) -> Option<usize> {
+        let page = &self.pages[self.pages.partition_point(|p| p.first_row + p.rows <= row).min(self.pages.len().checked_sub(1)?)];
+        (page.first_row <= row && row < page.first_row + page.rows).then_some(page.first_row + page.rows)
+    }
+
     /// How the values are represented.
     pub fn kind(&self) -> ValueKind {
         self.kind
@@ -479,70 +572,82 @@ impl ColumnChunk {
     pub fn gather(&self, rows: &[u32], data_type: &DataType) -> Result<ArrayRef> {
         match (self.kind, data_type) {
             (ValueKind::Bytes, DataType::Utf8View | DataType::Utf8) => {
-                let mut builder = StringViewBuilder::with_capacity(rows.len());
-                let mut bad = false;
-                self.visit_bytes(rows, |bytes| match std::str::from_utf8(bytes) {
-                    Ok(s) => builder.append_value(s),
-                    Err(_) => bad = true,
-                })?;
-                if bad {
-                    return unsupported("a string that is not UTF-8");
-                }
-                let array: ArrayRef = Arc::new(builder.finish());
+                let array: ArrayRef = Arc::new(self.gather_views(rows)?);
                 Ok(if data_type == &DataType::Utf8 { arrow::compute::cast(&array, data_type).map_err(|e| Unsupported(e.to_string()))? } else { array })
             }
             (ValueKind::Bytes, other) => unsupported(format!("byte strings as {other}")),
-            (_, data_type) => {
-                let mut values = Vec::with_capacity(rows.len());
-                self.visit_ints(rows, |v| values.push(v))?;
-                Ok(match data_type {
-                    DataType::Int32 => Arc::new(Int32Array::from_iter_values(values.into_iter().map(|v| v as i32))),
-                    DataType::Date32 => Arc::new(Date32Array::from_iter_values(values.into_iter().map(|v| v as i32))),
-                    DataType::Int64 => Arc::new(Int64Array::from(values)),
-                    DataType::Decimal128(p, s) => Arc::new(
-                        Decimal128Array::from_iter_values(values.into_iter().map(|v| v as i128))
-                            .with_precision_and_scale(*p, *s)
-                            .map_err(|e| Unsupported(e.to_string()))?,
-                    ),
-                    other => return unsupported(format!("integers as {other}")),
-                })
-            }
+            (_, DataType::Int32) => Ok(Arc::new(Int32Array::new(self.gather_ints(rows, |v| v as i32)?.into(), None))),
+            (_, DataType::Date32) => Ok(Arc::new(Date32Array::new(self.gather_ints(rows, |v| v as i32)?.into(), None))),
+            (_, DataType::Int64) => Ok(Arc::new(Int64Array::new(self.gather_ints(rows, |v| v)?.into(), None))),
+            (_, DataType::Decimal128(p, s)) => Ok(Arc::new(
+                Decimal128Array::new(self.gather_ints(rows, |v| v as i128)?.into(), None).with_precision_and_scale(*p, *s).map_err(|e| Unsupported(e.to_string()))?,
+            )),
+            (_, other) => unsupported(format!("integers as {other}")),
         }
     }
 
-    /// Calls `f` with the integer value of each row in `rows` (increasing), in order.
-    pub fn visit_ints(&self, rows: &[u32], mut f: impl FnMut(i64)) -> Result<()> {
-        let dictionary = match &self.dictionary {
-            Some(Dictionary::Ints(values)) => values.as_slice(),
-            _ => &[],
+    /// The integer values at `rows` (increasing), each converted. A page whose rows are all
+    /// wanted is decoded in one pass; others value by value.
+    fn gather_ints<T: Copy>(&self, rows: &[u32], convert: impl Fn(i64) -> T) -> Result<Vec<T>> {
+        let dictionary: Vec<T> = match &self.dictionary {
+            Some(Dictionary::Ints(values)) => values.iter().map(|&v| convert(v)).collect(),
+            _ => Vec::new(),
         };
+        let mut out = Vec::with_capacity(rows.len());
         let mut bad = false;
-        self.visit_pages(rows, |page, in_page| match &page.body {
-            PageBody::Plain { data, width } => in_page.iter().for_each(|&r| f(int_at(data, *width, r as usize - page.first_row))),
-            PageBody::Indices(indices) => indices.for_positions(in_page.iter().map(|&r| r as usize - page.first_row), |_, i| match dictionary.get(i as usize) {
-                Some(&v) => f(v),
-                None => bad = true,
-            }),
-            PageBody::PlainBytes(_) => unreachable!("an integer column"),
+        let mut scratch = Vec::new();
+        self.visit_pages(rows, |page, in_page| {
+            match &page.body {
+                PageBody::Plain { data, width } if in_page.len() == page.rows => out.extend(data.chunks_exact(*width).take(page.rows).map(|b| convert(int_at(b, *width, 0)))),
+                PageBody::Plain { data, width } => out.extend(in_page.iter().map(|&r| convert(int_at(data, *width, r as usize - page.first_row)))),
+                PageBody::Indices(indices) => bad |= !indices.gather(in_page, page, &dictionary, &mut scratch, &mut out),
+                PageBody::PlainBytes(_) => unreachable!("an integer column"),
+            }
         });
-        if bad { unsupported("a dictionary index past the dictionary") } else { Ok(()) }
+        if bad { unsupported("a dictionary index past the dictionary") } else { Ok(out) }
     }
 
-    fn visit_bytes(&self, rows: &[u32], mut f: impl FnMut(&[u8])) -> Result<()> {
-        let empty = ByteValues::default();
-        let dictionary = match &self.dictionary {
-            Some(Dictionary::Bytes(values)) => values,
-            _ => &empty,
+    /// The byte strings at `rows` (increasing) as views into the chunk's buffers (the
+    /// dictionary's and the PLAIN pages'), each buffer checked to be UTF-8 once.
+    fn gather_views(&self, rows: &[u32]) -> Result<StringViewArray> {
+        let mut buffers: Vec<Buffer> = Vec::new();
+        let dictionary_views: Vec<u128> = match &self.dictionary {
+            Some(Dictionary::Bytes(values)) => {
+                values.check_utf8()?;
+                buffers.push(Buffer::from(values.data.clone()));
+                (0..values.len()).map(|i| make_view(values.value(i), 0, values.offsets[i])).collect()
+            }
+            _ => Vec::new(),
         };
+        let mut views = Vec::with_capacity(rows.len());
         let mut bad = false;
+        let mut scratch = Vec::new();
+        let mut failed = None;
         self.visit_pages(rows, |page, in_page| match &page.body {
-            PageBody::PlainBytes(values) => in_page.iter().for_each(|&r| f(values.value(r as usize - page.first_row))),
-            PageBody::Indices(indices) => indices.for_positions(in_page.iter().map(|&r| r as usize - page.first_row), |_, i| {
-                if (i as usize) < dictionary.len() { f(dictionary.value(i as usize)) } else { bad = true }
-            }),
+            PageBody::PlainBytes(values) => {
+                if let Err(e) = values.check_utf8() {
+                    failed = Some(e);
+                    return;
+                }
+                let block = buffers.len() as u32;
+                buffers.push(Buffer::from(values.data.clone()));
+                views.extend(in_page.iter().map(|&r| {
+                    let i = r as usize - page.first_row;
+                    make_view(values.value(i), block, values.offsets[i])
+                }));
+            }
+            PageBody::Indices(indices) => bad |= !indices.gather(in_page, page, &dictionary_views, &mut scratch, &mut views),
             PageBody::Plain { .. } => unreachable!("a byte-string column"),
         });
-        if bad { unsupported("a dictionary index past the dictionary") } else { Ok(()) }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if bad {
+            return unsupported("a dictionary index past the dictionary");
+        }
+        // SAFETY: every view was made by `make_view` from a value lying in the buffer it names,
+        // at its offset, and every buffer's values were checked to be UTF-8.
+        Ok(unsafe { StringViewArray::new_unchecked(views.into(), buffers, None) })
     }
 
     /// Calls `f(page, rows in that page)` for the pages holding some of `rows` (increasing).

@@ -38,7 +38,7 @@ use futures::StreamExt;
 
 pub use accumulate::{AggFunc, Domain, GroupedStates, partial_schema};
 pub use lookup::{Built, KeyLookup, supported_key_type};
-pub use scan::{StarScanExec, StarSegment};
+pub use scan::StarScanExec;
 use wire::{WireReader, WireWriter};
 
 use crate::page_reader::NO_CODE;
