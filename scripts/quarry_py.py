@@ -807,6 +807,16 @@ def compare_query_results(sql: str, quarry: Result, duck: Result, **kw) -> Compa
     )
 
 
+def compare_with_duckdb(warehouse: str | os.PathLike, sql: str, out_dir: str | os.PathLike | None = None) -> Comparison:
+    """Run ``sql`` through Quarry and through DuckDB (2 threads) on the same segments; compare."""
+    con = duckdb_connect(warehouse, threads=2)
+    try:
+        duck = duckdb_result(con, sql)
+    finally:
+        con.close()
+    return compare_query_results(sql, quarry_query(warehouse, sql, out_dir=out_dir), duck)
+
+
 def query_files(suite: str) -> list[Path]:
     """The query files of a suite (``ssb`` or ``tpch``), in natural order."""
     files = list((REPO_ROOT / "queries" / suite).glob("*.sql"))

@@ -154,11 +154,5 @@ def edge_warehouse(tmp_path_factory, quarry_bin):
 
 @pytest.mark.parametrize("sql", EDGE_QUERIES, ids=[f"edge{i}" for i in range(len(EDGE_QUERIES))])
 def test_reordered_joins_keep_results(edge_warehouse, sql, tmp_path):
-    con = q.duckdb_connect(edge_warehouse, threads=2)
-    try:
-        duck = q.duckdb_result(con, sql)
-    finally:
-        con.close()
-    quarry = q.quarry_query(edge_warehouse, sql, out_dir=tmp_path)
-    cmp = q.compare_query_results(sql, quarry, duck)
+    cmp = q.compare_with_duckdb(edge_warehouse, sql, out_dir=tmp_path)
     assert cmp, f"{sql}\n{cmp}"

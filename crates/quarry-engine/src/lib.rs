@@ -9,6 +9,7 @@
 pub mod accounting;
 pub mod cardinality;
 pub mod join_order;
+pub mod magic_set;
 pub mod output;
 pub mod placement;
 pub mod provider;

@@ -18,6 +18,7 @@ use quarry_storage::StorageNode;
 
 use crate::accounting::QueryStats;
 use crate::join_order::JoinOrderRule;
+use crate::magic_set::MagicSetRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
 use crate::placement::{PlacementRule, PushdownMode};
@@ -81,7 +82,10 @@ impl QuarrySession {
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         tune_host(&mut config);
-        let builder = SessionStateBuilder::new().with_config(config).with_default_features().with_optimizer_rule(Arc::new(JoinOrderRule));
+        let builder = SessionStateBuilder::new().with_config(config).with_default_features()
+            // The magic-set rule first: the semi joins it adds are placed by join ordering.
+            .with_optimizer_rule(Arc::new(MagicSetRule))
+            .with_optimizer_rule(Arc::new(JoinOrderRule));
         let state = if options.star_join { with_star_joins(builder) } else { builder }.build();
         let mut descriptions = Vec::with_capacity(nodes.len());
         for node in &nodes {
