@@ -807,6 +807,17 @@ def compare_query_results(sql: str, quarry: Result, duck: Result, **kw) -> Compa
     )
 
 
+def load_csv_tables(warehouse: str | os.PathLike, tables: dict[str, tuple[str, str]]) -> Path:
+    """Load each ``name: (csv text, schema)`` into ``warehouse`` with ``quarry load``; the CSV
+    files are written beside it."""
+    warehouse = Path(warehouse)
+    for name, (csv, schema) in tables.items():
+        path = warehouse.parent / f"{name}.csv"
+        path.write_text(csv, encoding="utf-8")
+        run_quarry(["load", name, str(path), "--schema", schema], warehouse)
+    return warehouse
+
+
 def compare_with_duckdb(warehouse: str | os.PathLike, sql: str, out_dir: str | os.PathLike | None = None) -> Comparison:
     """Run ``sql`` through Quarry and through DuckDB (2 threads) on the same segments; compare."""
     con = duckdb_connect(warehouse, threads=2)

@@ -144,12 +144,7 @@ EDGE_QUERIES = [
 
 @pytest.fixture(scope="module")
 def edge_warehouse(tmp_path_factory, quarry_bin):
-    wh = tmp_path_factory.mktemp("wh-join-order")
-    for name, (csv, schema) in EDGE_TABLES.items():
-        path = wh.parent / f"{name}.csv"
-        path.write_text(csv, encoding="utf-8")
-        q.run_quarry(["load", name, str(path), "--schema", schema], wh)
-    return wh
+    return q.load_csv_tables(tmp_path_factory.mktemp("wh-join-order"), EDGE_TABLES)
 
 
 @pytest.mark.parametrize("sql", EDGE_QUERIES, ids=[f"edge{i}" for i in range(len(EDGE_QUERIES))])

@@ -43,17 +43,12 @@ def dim_csv() -> str:
 
 @pytest.fixture(scope="module")
 def magic_warehouse(tmp_path_factory, quarry_bin):
-    wh = tmp_path_factory.mktemp("wh-magic-set")
     tables = {
         "fact": (fact_csv(4000), "dim_id INT, grp INT, amount INT"),
         "empty_fact": ("dim_id,grp,amount\n", "dim_id INT, grp INT, amount INT"),
         "dim": (dim_csv(), "id INT, tag VARCHAR, name VARCHAR"),
     }
-    for name, (csv, schema) in tables.items():
-        path = wh.parent / f"{name}.csv"
-        path.write_text(csv, encoding="utf-8")
-        q.run_quarry(["load", name, str(path), "--schema", schema], wh)
-    return wh
+    return q.load_csv_tables(tmp_path_factory.mktemp("wh-magic-set"), tables)
 
 
 AGG = "(select dim_id, sum(amount) as total, count(*) as n from fact group by dim_id)"

@@ -16,6 +16,7 @@ pub mod provider;
 pub mod scan;
 pub mod schema_text;
 pub mod session;
+pub mod shared_subplan;
 pub mod star_exec;
 pub mod star_join;
 

@@ -19,6 +19,7 @@ use quarry_storage::StorageNode;
 use crate::accounting::QueryStats;
 use crate::join_order::JoinOrderRule;
 use crate::magic_set::MagicSetRule;
+use crate::shared_subplan::SharedSubplanRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
 use crate::placement::{PlacementRule, PushdownMode};
@@ -103,6 +104,8 @@ impl QuarrySession {
         // above their inputs, before DataFusion adds repartitioning and coalescing).
         let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(placement)];
         rules.extend(state.physical_optimizers().iter().cloned());
+        // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
+        rules.push(Arc::new(SharedSubplanRule));
         let state = SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
         let session = QuarrySession { ctx: SessionContext::new_with_state(state), nodes };
         session.refresh_tables().await?;

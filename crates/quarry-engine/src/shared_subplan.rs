@@ -1,0 +1,221 @@
+//! Common subplan reuse: a physical optimizer rule and the operator it adds.
+//!
+//! DataFusion copies a view or CTE into every place that names it, so TPC-H Q15 computes its
+//! revenue view (a scan and aggregation of a quarter of `lineitem`) twice: once to join it to
+//! `supplier`, once for its `max`. This rule, run after all the others, finds aggregates
+//! (grouped, final) over storage fragments that occur more than once in the finished plan with
+//! the same text, and replaces each occurrence by a [`SharedExec`] over one instance: the first
+//! execution of any of them runs it once, keeps its output partitions in memory (reserved from
+//! the session's memory pool), and every occurrence reads them from there.
+//!
+//! The same text means the same computation with one exception: a dynamic filter (a hash
+//! join's key set, pushed into its probe side) is filled by the join above that occurrence, so a
+//! subplan that reads one is never shared. An aggregate's output is usually small beside its
+//! input; it is what DuckDB materializes for a CTE as well.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, SendableRecordBatchStream, displayable, replace_children_if_necessary,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::scan::FragmentExec;
+
+/// The rule (see the module docs).
+#[derive(Debug, Default)]
+pub struct SharedSubplanRule;
+
+impl PhysicalOptimizerRule for SharedSubplanRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut occurrences: HashMap<String, usize> = HashMap::new();
+        plan.apply(|node| {
+            if is_shareable(node)? {
+                *occurrences.entry(fingerprint(node)).or_default() += 1;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        occurrences.retain(|_, n| *n > 1);
+        if occurrences.is_empty() {
+            return Ok(plan);
+        }
+        share(plan, &occurrences, &mut HashMap::new())
+    }
+
+    fn name(&self) -> &str {
+        "quarry_shared_subplan"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// A subplan's identity: its plan text, every operator with its expressions and parameters.
+fn fingerprint(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(true).to_string()
+}
+
+/// A grouped final aggregate over storage fragments that reads no dynamic filter.
+fn is_shareable(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+    let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else { return Ok(false) };
+    let grouped_final = !aggregate.group_expr().is_empty()
+        && matches!(aggregate.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned | AggregateMode::Single | AggregateMode::SinglePartitioned);
+    if !grouped_final {
+        return Ok(false);
+    }
+    let (mut reads_storage, mut dynamic) = (false, false);
+    plan.apply(|node| {
+        reads_storage |= node.downcast_ref::<FragmentExec>().is_some();
+        node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
+            expr.apply(|e| {
+                dynamic |= e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
+                Ok(if dynamic { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+            })
+        })
+    })?;
+    Ok(reads_storage && !dynamic)
+}
+
+/// `plan` with every occurrence of a subplan in `occurrences` replaced by a [`SharedExec`]; the
+/// first one seen owns it (and shows it in EXPLAIN and its metrics), the others read it.
+fn share(plan: Arc<dyn ExecutionPlan>, occurrences: &HashMap<String, usize>, shared: &mut HashMap<String, Arc<SharedResult>>) -> Result<Arc<dyn ExecutionPlan>> {
+    if is_shareable(&plan)? {
+        let key = fingerprint(&plan);
+        if let Some(&readers) = occurrences.get(&key) {
+            if let Some(result) = shared.get(&key) {
+                return Ok(Arc::new(SharedExec::new(Arc::clone(result), false)));
+            }
+            let result = Arc::new(SharedResult { id: shared.len() + 1, readers, plan, partitions: tokio::sync::OnceCell::new(), reservations: Mutex::new(Vec::new()) });
+            shared.insert(key, Arc::clone(&result));
+            return Ok(Arc::new(SharedExec::new(result, true)));
+        }
+    }
+    let children = plan.children().into_iter().map(|child| share(Arc::clone(child), occurrences, shared)).collect::<Result<Vec<_>>>()?;
+    replace_children_if_necessary(plan, children)
+}
+
+/// One shared subplan and, once computed, its output partitions.
+struct SharedResult {
+    /// Numbers the shared subplans of a query (EXPLAIN).
+    id: usize,
+    /// Occurrences that read it.
+    readers: usize,
+    plan: Arc<dyn ExecutionPlan>,
+    partitions: tokio::sync::OnceCell<std::result::Result<Arc<Vec<Vec<RecordBatch>>>, Arc<DataFusionError>>>,
+    /// The memory its partitions hold, released with it.
+    reservations: Mutex<Vec<MemoryReservation>>,
+}
+
+impl SharedResult {
+    /// The output partitions, computed by the first caller (all partitions at once, each on a
+    /// task of its own), awaited by the others.
+    async fn partitions(&self, context: Arc<TaskContext>) -> Result<Arc<Vec<Vec<RecordBatch>>>> {
+        let outcome = self.partitions.get_or_init(|| async { self.compute(context).await.map(Arc::new).map_err(Arc::new) }).await;
+        outcome.clone().map_err(DataFusionError::Shared)
+    }
+
+    async fn compute(&self, context: Arc<TaskContext>) -> Result<Vec<Vec<RecordBatch>>> {
+        let count = self.plan.properties().partitioning.partition_count();
+        let mut tasks = Vec::with_capacity(count);
+        for partition in 0..count {
+            let mut stream = self.plan.execute(partition, Arc::clone(&context))?;
+            let reservation = MemoryConsumer::new(format!("SharedExec[{}] partition {partition}", self.id)).register(context.memory_pool());
+            tasks.push(SpawnedTask::spawn(async move {
+                let mut batches = Vec::new();
+                while let Some(batch) = stream.next().await {
+                    let batch = batch?;
+                    reservation.try_grow(batch.get_array_memory_size())?;
+                    batches.push(batch);
+                }
+                Ok::<_, DataFusionError>((batches, reservation))
+            }));
+        }
+        let mut partitions = Vec::with_capacity(count);
+        for task in tasks {
+            let (batches, reservation) = task.join_unwind().await.map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+            self.reservations.lock().expect("not poisoned").push(reservation);
+            partitions.push(batches);
+        }
+        Ok(partitions)
+    }
+}
+
+/// An occurrence of a shared subplan (see the module docs).
+pub struct SharedExec {
+    result: Arc<SharedResult>,
+    /// The occurrence that shows the subplan as its child; the others have none.
+    owner: bool,
+    properties: Arc<PlanProperties>,
+}
+
+impl SharedExec {
+    fn new(result: Arc<SharedResult>, owner: bool) -> Self {
+        let properties = Arc::clone(result.plan.properties());
+        SharedExec { result, owner, properties }
+    }
+}
+
+impl fmt::Debug for SharedExec {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SharedExec({}, owner: {})", self.result.id, self.owner)
+    }
+}
+
+impl DisplayAs for SharedExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        if self.owner {
+            write!(f, "SharedExec: subplan {} computed once for its {} occurrences", self.result.id, self.result.readers)
+        } else {
+            write!(f, "SharedExec: reads subplan {} (shown at its first occurrence)", self.result.id)
+        }
+    }
+}
+
+impl ExecutionPlan for SharedExec {
+    fn name(&self) -> &str {
+        "SharedExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        if self.owner { vec![&self.result.plan] } else { vec![] }
+    }
+
+    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        // The subplan is shared by pointer: replacing it in one occurrence would split it.
+        let same = children.len() == self.children().len() && children.iter().zip(self.children()).all(|(a, b)| Arc::ptr_eq(a, b));
+        if same { Ok(self) } else { internal_err!("a shared subplan cannot be replaced") }
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let result = Arc::clone(&self.result);
+        let stream = futures::stream::once(async move {
+            let partitions = result.partitions(context).await?;
+            let batches = partitions.get(partition).cloned().unwrap_or_default();
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), stream)))
+    }
+}
