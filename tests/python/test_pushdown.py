@@ -219,6 +219,10 @@ PAGE_QUERIES = [
     ("SELECT id, note FROM t WHERE grp IN (1, 2, 3) AND id % 3 = 0", PAGED),
     ("SELECT id, grp FROM t WHERE name IN ('n1', 'n2', 'größe') AND id % 7 = grp % 7", PAGED),
     ("SELECT COUNT(*) FROM t WHERE grp IN (1, 2, 3, 5, 8, 13, 21, 34) AND name IN ('n1', 'n2', 'n3', 'n4', 'n5', 'n6')", PAGED),
+    # Longer integer IN lists (a join's key set looks like them): dense in a bitmap over their
+    # range, with values below and above it; sparse, searched in order.
+    ("SELECT id, grp FROM t WHERE id IN (" + ", ".join(str(v) for v in [-5, *range(1000, 1040), 10**12]) + ")", PAGED),
+    ("SELECT id, name FROM t WHERE id IN (" + ", ".join(str(v) for v in [-10**12, *(v * 49_999 + 7 for v in range(40)), 10**12]) + ")", PAGED),
     # Every row passes; then none (a value inside the column's min/max, so nothing is pruned).
     ("SELECT COUNT(*), SUM(id), MIN(name), MAX(amount) FROM t WHERE id >= 0", PAGED),
     ("SELECT id, amount, day, note FROM t WHERE name = 'n5x'", PAGED),
@@ -267,3 +271,31 @@ def test_page_select_on_node(page_node, sql, scans, tmp_path):
     details = _check(url, con, sql, path, tmp_path)
     used = {mode: _storage_operators(detail) & {"PageSelectExec", "DataSourceExec"} for mode, detail in details.items()}
     assert used == {"on": scans, "off": {"DataSourceExec"}}, used
+
+
+JOIN_KEY_SET_SQL = (
+    "select l_orderkey, l_linenumber, l_quantity, p_name from lineitem, part where l_partkey = p_partkey "
+    "and p_brand = 'Brand#23' and p_container = 'MED BOX'"
+)
+
+
+def test_join_key_set_filters_the_probe_side_on_the_node(one_node, tmp_path):
+    """A hash join's key set (the ~1/1000 of parts that pass) reaches the node holding
+    `lineitem` as an IN list, which sends only the rows with a partner; with --pushdown off the
+    fragment ships every row. Results equal DuckDB's either way."""
+    urls, con = one_node["tpch"]
+    path = tmp_path / "join.sql"
+    path.write_text(JOIN_KEY_SET_SQL)
+    duck = q.duckdb_result(con, JOIN_KEY_SET_SQL)
+    shipped = {}
+    for pushdown in ("auto", "off"):
+        stats = tmp_path / f"stats-{pushdown}.json"
+        cmp = q.compare_query_results(JOIN_KEY_SET_SQL, _run(urls, path, pushdown, tmp_path, stats), duck)
+        assert cmp, f"--pushdown {pushdown}: {cmp}"
+        detail = json.loads(stats.read_text())
+        scans = [op for op in detail["operators"] if op["operator"] == "FragmentExec" and op.get("table") == "lineitem"]
+        assert len(scans) == 1, detail["operators"]
+        shipped[pushdown] = (scans[0]["rows_in"], scans[0]["rows_out"])
+    scanned, sent = shipped["auto"]
+    assert 0 < sent and sent * 50 < scanned, shipped
+    assert shipped["off"][0] == shipped["off"][1], shipped

@@ -34,6 +34,9 @@ use crate::cardinality::{self, Estimate};
 pub const MAX_EXHAUSTIVE: usize = 10;
 /// Relations in a region at most (masks are `u64`).
 const MAX_RELATIONS: usize = 64;
+/// A semi or anti join over one relation whose right side has more rows than this share of the
+/// relation's waits for the joins that shrink the relation (see [`SemiJoin`]).
+const DEFER_SEMI_RIGHT_SHARE: f64 = 0.25;
 
 /// The join-ordering rule (see the module docs).
 #[derive(Debug, Default)]
@@ -158,10 +161,14 @@ pub(crate) struct Condition {
     relations: u64,
 }
 
-/// A semi or anti join over several relations, applied as soon as they are all joined.
+/// A semi or anti join over several relations, applied as soon as they are all joined; or over
+/// one relation but with a larger right side (EXISTS over `lineitem` in TPC-H Q21), applied
+/// where the tree above that relation has the fewest rows, so that its hash table holds them.
 pub(crate) struct SemiJoin {
     join: Join,
     relations: u64,
+    /// Placed by [`Region::place_semis`] rather than as soon as its relations are joined.
+    deferred: bool,
 }
 
 /// A join region taken apart.
@@ -274,11 +281,13 @@ impl Region {
             if mask == 0 {
                 return Ok(None);
             }
-            if mask.count_ones() == 1 {
-                let i = mask.trailing_zeros() as usize;
+            let single = mask.count_ones() == 1;
+            let i = mask.trailing_zeros() as usize;
+            let larger_right = || cardinality::estimate(&join.right).rows > cardinality::estimate(&relations[i]).rows * DEFER_SEMI_RIGHT_SHARE;
+            if single && (relations.len() == 1 || !larger_right()) {
                 relations[i] = semi_join_over(&join, relations[i].clone())?;
             } else {
-                semis.push(SemiJoin { join, relations: mask });
+                semis.push(SemiJoin { join, relations: mask, deferred: single });
             }
         }
         let relations = relations.into_iter().map(|plan| Relation { estimate: cardinality::estimate(&plan), plan }).collect();
@@ -297,7 +306,8 @@ impl Region {
         let n = self.relations.len();
         let tree = if n <= MAX_EXHAUSTIVE { self.exhaustive(&sizes) } else { self.greedy(&sizes) };
         let Some(tree) = tree else { return Ok(None) };
-        let (plan, done) = self.build(&tree, &sizes)?;
+        let targets = self.place_semis(&tree, &sizes);
+        let (plan, done) = self.build(&tree, &sizes, &targets)?;
         debug_assert_eq!(done, full_mask(n));
         Ok(Some(plan))
     }
@@ -381,11 +391,41 @@ impl Region {
         parts.pop().map(|(_, tree)| tree)
     }
 
-    /// The plan of `tree` and the relations it covers.
-    fn build(&self, tree: &Tree, sizes: &Sizes) -> Result<(LogicalPlan, u64)> {
+    /// Per semi join, the set of relations after whose join it runs: for a deferred one, the
+    /// subtree over its relation with the fewest rows (the lowest of equals); for the others,
+    /// their relations.
+    fn place_semis(&self, tree: &Tree, sizes: &Sizes) -> Vec<u64> {
+        fn subtrees(tree: &Tree, out: &mut Vec<u64>) -> u64 {
+            let set = match tree {
+                Tree::Leaf(i) => 1 << i,
+                Tree::Node(a, b) => subtrees(a, out) | subtrees(b, out),
+                Tree::Join(a, b) => a | b,
+            };
+            out.push(set);
+            set
+        }
+        let mut sets = Vec::new();
+        subtrees(tree, &mut sets);
+        self.semis
+            .iter()
+            .map(|semi| {
+                if !semi.deferred {
+                    return semi.relations;
+                }
+                let over = sets.iter().filter(|&&set| set & semi.relations == semi.relations);
+                over.min_by(|&&a, &&b| sizes.rows(a).total_cmp(&sizes.rows(b)).then(a.count_ones().cmp(&b.count_ones()))).copied().unwrap_or(semi.relations)
+            })
+            .collect()
+    }
+
+    /// The plan of `tree` and the relations it covers; `targets` from [`Self::place_semis`].
+    fn build(&self, tree: &Tree, sizes: &Sizes, targets: &[u64]) -> Result<(LogicalPlan, u64)> {
         let (a, b) = match tree {
-            Tree::Leaf(i) => return Ok((self.relations[*i].plan.clone(), 1 << i)),
-            Tree::Node(a, b) => (self.build(a, sizes)?, self.build(b, sizes)?),
+            Tree::Leaf(i) => {
+                let set = 1 << i;
+                return Ok((self.with_deferred_semis(self.relations[*i].plan.clone(), set, targets)?, set));
+            }
+            Tree::Node(a, b) => (self.build(a, sizes, targets)?, self.build(b, sizes, targets)?),
             Tree::Join(..) => unreachable!("expanded before building"),
         };
         // The smaller side is built (DataFusion builds the left side of a hash join).
@@ -405,15 +445,26 @@ impl Region {
         // DataFusion's physical filter pushdown: TPC-H Q7 returned no rows).
         let ready = conjunction(self.conditions.iter().filter(|c| newly(c.relations)).map(|c| c.expr.clone()));
         let mut plan = LogicalPlan::Join(Join::try_new(Arc::new(left), Arc::new(right), on, ready, JoinType::Inner, JoinConstraint::On, NullEquality::NullEqualsNothing, false)?);
-        for semi in self.semis.iter().filter(|s| newly(s.relations)) {
+        for semi in self.semis.iter().filter(|s| !s.deferred && newly(s.relations)) {
             plan = semi_join_over(&semi.join, plan)?;
         }
-        Ok((self.keep_needed(plan, set)?, set))
+        let plan = self.with_deferred_semis(plan, set, targets)?;
+        Ok((self.keep_needed(plan, set, targets)?, set))
+    }
+
+    /// `plan` (covering `set`) with the deferred semi joins placed at `set`.
+    fn with_deferred_semis(&self, mut plan: LogicalPlan, set: u64, targets: &[u64]) -> Result<LogicalPlan> {
+        for (semi, _) in self.semis.iter().zip(targets).filter(|(s, target)| s.deferred && **target == set) {
+            plan = semi_join_over(&semi.join, plan)?;
+        }
+        Ok(plan)
     }
 
     /// `plan` (covering `set`) without the columns nothing above it reads.
-    fn keep_needed(&self, plan: LogicalPlan, set: u64) -> Result<LogicalPlan> {
+    fn keep_needed(&self, plan: LogicalPlan, set: u64, targets: &[u64]) -> Result<LogicalPlan> {
         let pending = |mask: u64| mask & set != 0 && mask & !set != 0;
+        // A semi join is still to come if its relations are in and its place is above.
+        let semi_pending = |semi: &SemiJoin, target: u64| if semi.deferred { semi.relations & !set == 0 && target & !set != 0 } else { pending(semi.relations) };
         let mut needed: Vec<&Column> = self.output.iter().collect();
         for e in &self.edges {
             if pending(1 << e.left | 1 << e.right) {
@@ -422,7 +473,8 @@ impl Region {
             }
         }
         let later_exprs = self.conditions.iter().filter(|c| pending(c.relations)).map(|c| &c.expr);
-        let later_semis = self.semis.iter().filter(|s| pending(s.relations)).flat_map(|s| s.join.on.iter().map(|(l, _)| l).chain(s.join.filter.iter()));
+        let later_semis =
+            self.semis.iter().zip(targets).filter(|(s, target)| semi_pending(s, **target)).flat_map(|(s, _)| s.join.on.iter().map(|(l, _)| l).chain(s.join.filter.iter()));
         let referenced: Vec<&Column> = later_exprs.chain(later_semis).flat_map(|e| e.column_refs()).collect();
         needed.extend(referenced);
         let columns = plan.schema().columns();

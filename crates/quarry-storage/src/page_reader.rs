@@ -698,6 +698,7 @@ fn keep_indices(indices: &Indices, table: &[u32], base: u32, in_page: Option<&[u
     let lookup = |index: u32| table.get(index as usize).copied().unwrap_or(NO_CODE);
     match in_page {
         None => {
+            let mut unpacked = Vec::new();
             for run in &indices.runs {
                 let first = base + run.first;
                 match run.kind {
@@ -709,8 +710,11 @@ fn keep_indices(indices: &Indices, table: &[u32], base: u32, in_page: Option<&[u
                         }
                     }
                     RunKind::Packed(start) => {
-                        let (bit, width) = (start as usize * 8, indices.bit_width);
-                        append_kept(rows_out, codes_out, run.len as usize, |i| (first + i as u32, lookup(read_bits(&indices.data, bit + i * width as usize, width))));
+                        // Eight at a time by the unpacker, then looked up (reading bits one by
+                        // one took 29% of a scan filtering on a dictionary column).
+                        unpacked.clear();
+                        unpack_run(&indices.data[start as usize..], indices.bit_width, run.len as usize, &mut unpacked);
+                        append_kept(rows_out, codes_out, unpacked.len(), |i| (first + i as u32, lookup(unpacked[i])));
                     }
                 }
             }

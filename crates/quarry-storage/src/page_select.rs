@@ -117,11 +117,59 @@ pub enum Comparison {
     /// `column op value` on integers (decimals at the column's scale, dates in days).
     Int(Operator, i64),
     /// `column IN (values)` on integers.
-    IntIn(Vec<i64>),
+    IntIn(IntSet),
     /// `column = value` or `<>` on strings.
     Bytes(Operator, Vec<u8>),
     /// `column IN (values)` on strings.
     BytesIn(Vec<Vec<u8>>),
+}
+
+/// The values of an integer `IN` list, looked up by how many there are: a few in turn, more in
+/// a bitmap over their range where it is small enough (a join's key set: 4K supplier keys of
+/// 100K take 12.5 KB, 2K part keys of 2M 250 KB), else by binary search (which took 29% of a
+/// scan that a bitmap makes negligible).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntSet {
+    /// Sorted, without repeats.
+    values: Vec<i64>,
+    /// The smallest value (bit 0 of `bitmap`).
+    min: i64,
+    /// Bit `v - min` is set for each value; empty when the range is too sparse.
+    bitmap: Vec<u64>,
+}
+
+/// Values compared one by one at most.
+const LINEAR_SET: usize = 16;
+/// A bitmap may take this many words per value, or [`BITMAP_ANY_WORDS`] (1 MB) whatever their number.
+const BITMAP_WORDS_PER_VALUE: u64 = 64;
+const BITMAP_ANY_WORDS: u64 = 1 << 17;
+
+impl IntSet {
+    pub fn new(mut values: Vec<i64>) -> Self {
+        values.sort_unstable();
+        values.dedup();
+        let (min, max) = (values.first().copied().unwrap_or(0), values.last().copied().unwrap_or(0));
+        let words = (max.abs_diff(min) >> 6) + 1;
+        let mut bitmap = Vec::new();
+        if values.len() > LINEAR_SET && words <= (BITMAP_WORDS_PER_VALUE * values.len() as u64).max(BITMAP_ANY_WORDS) {
+            bitmap = vec![0u64; words as usize];
+            for &v in &values {
+                let offset = v.abs_diff(min);
+                bitmap[(offset >> 6) as usize] |= 1 << (offset & 63);
+            }
+        }
+        IntSet { values, min, bitmap }
+    }
+
+    #[inline]
+    pub fn contains(&self, value: i64) -> bool {
+        if !self.bitmap.is_empty() {
+            // Below `min` the wrapped offset is beyond the bitmap.
+            let offset = value.wrapping_sub(self.min) as u64;
+            return self.bitmap.get((offset >> 6) as usize).is_some_and(|word| word >> (offset & 63) & 1 == 1);
+        }
+        if self.values.len() <= LINEAR_SET { self.values.contains(&value) } else { self.values.binary_search(&value).is_ok() }
+    }
 }
 
 impl Comparison {
@@ -162,7 +210,7 @@ impl Comparison {
                 return Some((column.index(), Comparison::BytesIn(values)));
             }
             let values = literals.map(|l| int_literal(l?, data_type)).collect::<Option<Vec<i64>>>()?;
-            return Some((column.index(), Comparison::IntIn(values)));
+            return Some((column.index(), Comparison::IntIn(IntSet::new(values))));
         }
         None
     }
@@ -175,7 +223,7 @@ impl Comparison {
         }
         let ints = |c: Comparison| match c {
             Comparison::Int(Operator::Eq, v) => Some(vec![v]),
-            Comparison::IntIn(values) => Some(values),
+            Comparison::IntIn(set) => Some(set.values),
             _ => None,
         };
         let bytes = |c: Comparison| match c {
@@ -184,7 +232,7 @@ impl Comparison {
             _ => None,
         };
         let merged = match (&left.1, &right.1) {
-            (Comparison::Int(..) | Comparison::IntIn(_), _) => Comparison::IntIn([ints(left.1)?, ints(right.1)?].concat()),
+            (Comparison::Int(..) | Comparison::IntIn(_), _) => Comparison::IntIn(IntSet::new([ints(left.1)?, ints(right.1)?].concat())),
             _ => Comparison::BytesIn([bytes(left.1)?, bytes(right.1)?].concat()),
         };
         Some((left.0, merged))
@@ -207,7 +255,7 @@ impl Comparison {
                 };
                 chunk.keep_int(alive, |v| pass(test(v, value)), kept, codes);
             }
-            Comparison::IntIn(values) => chunk.keep_int(alive, |v| pass(values.contains(&v)), kept, codes),
+            Comparison::IntIn(set) => chunk.keep_int(alive, |v| pass(set.contains(v)), kept, codes),
             Comparison::Bytes(op, value) => {
                 let equal = *op == Operator::Eq;
                 chunk.keep_bytes(alive, |v| pass((v == value.as_slice()) == equal), kept, codes);
