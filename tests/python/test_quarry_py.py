@@ -234,6 +234,16 @@ def test_bench_modes_verdict():
     assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
 
 
+def test_bench_link_verdict():
+    import bench_link as bl
+
+    assert bl.verdict({"embedded": 100.0, "node": 140.0}, 999_999, True, 1e6, 1.5) == []
+    assert bl.verdict({"embedded": 100.0, "node": 160.0}, 1_000_001, True, 1e6, 1.5) == [
+        "1000001 link bytes > 1e+06", "node 1.60x embedded > 1.5"]
+    assert bl.verdict({"embedded": 100.0, "node": 90.0}, 0, q.Comparison(False, "row counts differ"), 1e6, 1.5) == [
+        "node and embedded results differ: row counts differ"]
+
+
 def test_select_query_files():
     assert [p.stem for p in q.select_query_files("tpch", "q6, Q01,q10")] == ["q01", "q06", "q10"]
     assert len(q.select_query_files("ssb", None)) == len(q.query_files("ssb"))
