@@ -49,6 +49,11 @@ struct Cli {
     /// (`on`), or as a tree of hash joins (`off`).
     #[arg(long, global = true, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     star_join: bool,
+    /// Memory the host may use for query state (hash tables, aggregates, sorts), e.g. 4GB;
+    /// sorts and aggregates spill to disk beyond it, other operators fail with an error
+    /// (default: 80% of physical memory).
+    #[arg(long, global = true)]
+    memory: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -101,6 +106,13 @@ fn main() -> ExitCode {
         star_join: cli.star_join,
         profile: cli.profile.clone(),
         threads,
+        memory: match cli.memory.as_deref().map(quarry_storage::parse_size).transpose() {
+            Ok(memory) => memory.map(|bytes| bytes as usize).or_else(target::default_memory_budget),
+            Err(e) => {
+                eprintln!("quarry: --memory: {e}");
+                return ExitCode::from(2);
+            }
+        },
     };
     let outcome = match cli.command {
         Command::Load(args) => load::run(&target, args, threads),

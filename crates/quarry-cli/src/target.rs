@@ -29,6 +29,8 @@ pub struct Target {
     pub profile: Option<String>,
     /// Host threads.
     pub threads: usize,
+    /// The host's memory budget in bytes (`None`: no limit).
+    pub memory: Option<usize>,
 }
 
 impl Target {
@@ -105,8 +107,16 @@ impl Target {
     /// A SQL session over the target's nodes.
     pub async fn session(&self) -> CliResult<QuarrySession> {
         let nodes = self.storage_nodes().await?;
-        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown, star_join: self.star_join }).await.map_err(|e| user_message(&e))
+        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown, star_join: self.star_join, memory_limit: self.memory }).await.map_err(|e| user_message(&e))
     }
+}
+
+/// The host's memory budget when `--memory` is not given: 80% of physical memory (DuckDB's
+/// default), read from /proc/meminfo; none where that cannot be read.
+pub fn default_memory_budget() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some((kib * 1024 / 10 * 8) as usize)
 }
 
 struct RemoveOnDrop(PathBuf);

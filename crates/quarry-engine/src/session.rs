@@ -1,5 +1,6 @@
 //! A host session: SQL text in, results and accounting out.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -7,6 +8,8 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execute_stream;
@@ -35,11 +38,16 @@ pub struct EngineOptions {
     /// Whether aggregates over star joins run as one fused star join (`StarAggregateExec`)
     /// rather than as a tree of hash joins.
     pub star_join: bool,
+    /// The host's memory budget for query state (hash tables, aggregates, sorts, shared
+    /// subplans), in bytes: every operator reserves from it before it allocates; sorts and
+    /// aggregates spill beyond their share, and what cannot spill fails with an error naming
+    /// the budget. `None`: no limit.
+    pub memory_limit: Option<usize>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, star_join: true }
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, star_join: true, memory_limit: None }
     }
 }
 
@@ -88,7 +96,20 @@ impl QuarrySession {
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         tune_host(&mut config);
-        let builder = SessionStateBuilder::new().with_config(config).with_default_features()
+        if let Some(limit) = options.memory_limit {
+            // A sort holds back this much for merging its spilled runs; DataFusion's 10 MB would
+            // leave a small budget nothing to sort with.
+            let execution = &mut config.options_mut().execution;
+            execution.sort_spill_reservation_bytes = execution.sort_spill_reservation_bytes.min(limit / 8);
+        }
+        let mut builder = SessionStateBuilder::new().with_config(config).with_default_features();
+        if let Some(limit) = options.memory_limit {
+            // Fair shares among the operators that can spill; the top consumers are named when
+            // the budget runs out.
+            let pool = TrackConsumersPool::new(FairSpillPool::new(limit), NonZeroUsize::new(3).expect("3 > 0"));
+            builder = builder.with_runtime_env(RuntimeEnvBuilder::new().with_memory_pool(Arc::new(pool)).build_arc()?);
+        }
+        let builder = builder
             // The magic-set rule first: the semi joins it adds are placed by join ordering.
             .with_optimizer_rule(Arc::new(MagicSetRule))
             .with_optimizer_rule(Arc::new(JoinOrderRule));
@@ -255,6 +276,7 @@ fn raw_message(error: &DataFusionError) -> String {
         // DataFusion reports some user errors (e.g. an aggregate over an unsupported type) as
         // internal ones; its message is what helps, not the request to file a bug.
         DataFusionError::Internal(m) => m.trim().to_string(),
+        DataFusionError::ResourcesExhausted(m) => format!("the query needs more memory than the host's budget (--memory): {}", m.trim()),
         other => other.message().trim().to_string(),
     }
 }
