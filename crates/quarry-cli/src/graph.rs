@@ -27,13 +27,6 @@ pub struct GraphArgs {
     command: GraphCommand,
 }
 
-#[derive(Debug, Args)]
-struct MemoryArg {
-    /// Memory budget, e.g. 512MB or 1GB.
-    #[arg(long, default_value = "1GB", value_parser = parse_memory)]
-    memory: usize,
-}
-
 #[derive(Debug, Subcommand)]
 enum GraphCommand {
     /// Import an edge list (Parquet with columns src, dst[, weight]; CSV with a header src,dst[,weight]; or text).
@@ -46,8 +39,6 @@ enum GraphCommand {
         /// Keep self-loops (dropped by default).
         #[arg(long)]
         keep_self_loops: bool,
-        #[command(flatten)]
-        memory: MemoryArg,
     },
     /// Generate a graph.
     Gen {
@@ -86,8 +77,6 @@ enum GenKind {
         /// Give edges random weights in (0, 1].
         #[arg(long)]
         weighted: bool,
-        #[command(flatten)]
-        memory: MemoryArg,
     },
 }
 
@@ -112,12 +101,10 @@ struct AlgoArgs {
     /// Table to write the result to (default <graph>_<algorithm>).
     #[arg(long)]
     table: Option<String>,
-    #[command(flatten)]
-    memory: MemoryArg,
 }
 
 impl AlgoArgs {
-    fn job(self, algorithm: GraphAlgorithm) -> (GraphJob, Option<GraphAlgorithm>) {
+    fn job(self, algorithm: GraphAlgorithm, memory: usize) -> (GraphJob, Option<GraphAlgorithm>) {
         let job = GraphJob::Run {
             algorithm,
             graph: self.name,
@@ -126,35 +113,35 @@ impl AlgoArgs {
             tolerance: self.tolerance,
             sources: self.sources,
             table: self.table,
-            memory_bytes: self.memory.memory as u64,
+            memory_bytes: memory as u64,
         };
         (job, Some(algorithm))
     }
 }
 
-/// A memory budget: `512MB`, `1GB` (decimal), `64MiB` (binary) or bytes, as device profiles
-/// write sizes.
-fn parse_memory(text: &str) -> Result<usize, String> {
-    quarry_storage::parse_size(text).map(|bytes| bytes as usize)
-}
+/// A graph job's budget when `--memory` is not given: sort-reduce sizes its buffers to the
+/// budget, so the default is a fixed size rather than the query default (a share of RAM).
+const DEFAULT_GRAPH_MEMORY: usize = 1_000_000_000;
 
-pub fn run(target: &Target, args: GraphArgs, threads: usize) -> CliResult {
+/// `memory` is the process's `--memory` when the user gave one.
+pub fn run(target: &Target, args: GraphArgs, threads: usize, memory: Option<usize>) -> CliResult {
+    let memory = memory.unwrap_or(DEFAULT_GRAPH_MEMORY);
     let (job, algorithm) = match args.command {
-        GraphCommand::Import { name, from, keep_self_loops, memory } => {
+        GraphCommand::Import { name, from, keep_self_loops } => {
             if target.is_remote() {
                 return Err("graph import reads a local file: import on the node's own warehouse (quarry --warehouse DIR graph import), not through --nodes".into());
             }
-            return import(&target.warehouse, &name, &from, keep_self_loops, memory.memory, threads);
+            return import(&target.warehouse, &name, &from, keep_self_loops, memory, threads);
         }
         GraphCommand::List => (GraphJob::List, None),
-        GraphCommand::Gen { kind: GenKind::Kron { name, scale, edge_factor, seed, weighted, memory } } => {
-            (GraphJob::GenKron { name, scale, edge_factor, seed, weighted, memory_bytes: memory.memory as u64 }, None)
+        GraphCommand::Gen { kind: GenKind::Kron { name, scale, edge_factor, seed, weighted } } => {
+            (GraphJob::GenKron { name, scale, edge_factor, seed, weighted, memory_bytes: memory as u64 }, None)
         }
-        GraphCommand::Bfs(args) => args.job(GraphAlgorithm::Bfs),
-        GraphCommand::Pagerank(args) => args.job(GraphAlgorithm::Pagerank),
-        GraphCommand::Bc(args) => args.job(GraphAlgorithm::Bc),
-        GraphCommand::Sssp(args) => args.job(GraphAlgorithm::Sssp),
-        GraphCommand::Cc(args) => args.job(GraphAlgorithm::Cc),
+        GraphCommand::Bfs(args) => args.job(GraphAlgorithm::Bfs, memory),
+        GraphCommand::Pagerank(args) => args.job(GraphAlgorithm::Pagerank, memory),
+        GraphCommand::Bc(args) => args.job(GraphAlgorithm::Bc, memory),
+        GraphCommand::Sssp(args) => args.job(GraphAlgorithm::Sssp, memory),
+        GraphCommand::Cc(args) => args.job(GraphAlgorithm::Cc, memory),
     };
     let outputs: Vec<(Option<String>, GraphJobOutput)> = if target.is_remote() {
         with_runtime(threads, run_on_nodes(target, job))?

@@ -51,7 +51,7 @@ struct Cli {
     star_join: bool,
     /// Memory the host may use for query state (hash tables, aggregates, sorts), e.g. 4GB;
     /// sorts and aggregates spill to disk beyond it, other operators fail with an error
-    /// (default: 80% of physical memory).
+    /// (default: 80% of physical memory). Graph jobs sort-reduce within it (default 1GB).
     #[arg(long, global = true)]
     memory: Option<String>,
     #[command(subcommand)]
@@ -98,6 +98,13 @@ fn main() -> ExitCode {
         allocator::return_freed_memory_at_once();
     }
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let memory = match cli.memory.as_deref().map(quarry_storage::parse_size).transpose() {
+        Ok(memory) => memory.map(|bytes| bytes as usize),
+        Err(e) => {
+            eprintln!("quarry: --memory: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let target = target::Target {
         warehouse: cli.warehouse.clone(),
         nodes: cli.nodes.clone(),
@@ -106,13 +113,7 @@ fn main() -> ExitCode {
         star_join: cli.star_join,
         profile: cli.profile.clone(),
         threads,
-        memory: match cli.memory.as_deref().map(quarry_storage::parse_size).transpose() {
-            Ok(memory) => memory.map(|bytes| bytes as usize).or_else(target::default_memory_budget),
-            Err(e) => {
-                eprintln!("quarry: --memory: {e}");
-                return ExitCode::from(2);
-            }
-        },
+        memory: memory.or_else(target::default_memory_budget),
     };
     let outcome = match cli.command {
         Command::Load(args) => load::run(&target, args, threads),
@@ -121,7 +122,7 @@ fn main() -> ExitCode {
         Command::Shell => with_runtime(threads, shell::run(&target)),
         Command::Bench(args) => bench::run(&target, args, threads),
         Command::Tables => with_runtime(threads, sql::list_tables(&target)),
-        Command::Graph(args) => graph::run(&target, args, threads),
+        Command::Graph(args) => graph::run(&target, args, threads, memory),
         Command::Serve(args) => serve::run(&target, args, threads),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
     };
