@@ -19,6 +19,7 @@ pub mod session;
 pub mod shared_subplan;
 pub mod star_exec;
 pub mod star_join;
+pub mod stored_scan;
 
 pub use accounting::{DeviceStats, OperatorStats, QueryStats, Side};
 pub use placement::{PlacementRule, PushdownMode};

@@ -284,9 +284,9 @@ impl PlacementRule {
             Ok(TreeNodeRecursion::Continue)
         })
         .expect("visiting a plan cannot fail");
-        let link_bytes = rows(root) * row_width(&root.schema());
-        // Aggregates return at least one row per partition.
-        let link_bytes = link_bytes.max(partitions.len() as f64 * row_width(&root.schema()));
+        // Passthrough ships the stored bytes, which the host decodes; pushdown ships Arrow
+        // batches, at least one row per partition (aggregates).
+        let link_bytes = if passthrough { read_bytes } else { (rows(root) * row_width(&root.schema())).max(partitions.len() as f64 * row_width(&root.schema())) };
 
         let mut node_names: Vec<&str> = partitions.iter().map(|p| p.node.name()).collect();
         node_names.sort();
@@ -296,14 +296,18 @@ impl PlacementRule {
             .iter()
             .map(|name| {
                 let profile = self.nodes.get(*name).map(|d| &d.profile);
-                let threads = profile.map_or(self.host_threads, |p| p.threads()) as f64;
-                let slowdown = if passthrough { 1.0 } else { profile.map_or(1.0, |p| p.compute_slowdown) };
+                // Passthrough decodes on the host's threads, pushdown on the device's.
+                let (threads, slowdown) = match profile {
+                    Some(p) if !passthrough => (p.threads() as f64, p.compute_slowdown),
+                    _ => (self.host_threads as f64, 1.0),
+                };
                 let compute = ((decode_ns + op_ns) / threads + join_ns) * share * slowdown / 1e9;
                 let read = profile.and_then(|p| p.read_mbps).map_or(0.0, |mbps| read_bytes * share / (mbps * 1e6));
                 let link = profile.and_then(|p| p.link_mbps).map_or(0.0, |mbps| link_bytes * share / (mbps * 1e6));
-                // The host receives (decodes the IPC of) the batches while the node sends them;
-                // an embedded node's batches are handed over in memory.
-                let receive = if self.in_process.contains(*name) { 0.0 } else { link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9 };
+                // The host receives (decodes the IPC of) pushed-down batches while the node
+                // sends them; an embedded node's batches are handed over in memory, and stored
+                // bytes are decoded as Parquet (counted in `compute`).
+                let receive = if self.in_process.contains(*name) || passthrough { 0.0 } else { link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9 };
                 compute.max(read).max(link).max(receive)
             })
             .fold(0.0, f64::max);

@@ -32,6 +32,7 @@ use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, batch_wire_bytes, encode_fragment};
 
 use crate::placement::Placement;
+use crate::stored_scan::stored_scan;
 
 /// Metric names this operator records (also read by [`crate::QueryStats`]).
 pub mod metric {
@@ -83,6 +84,11 @@ pub struct FragmentExec {
     /// offload). The join fills them once its build side is complete; each partition takes a
     /// snapshot when it starts, which is after the build side (the join polls it first).
     join_filters: Vec<Arc<dyn PhysicalExpr>>,
+    /// Passthrough only: the filters above the scan (static, and dynamic ones from joins),
+    /// with which the host's reader of the stored bytes skips row groups and pages by their
+    /// statistics, as any reader of Parquet files on an object store does. They still run
+    /// above the scan.
+    pruning_filters: Vec<Arc<dyn PhysicalExpr>>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     node_stats: Arc<Mutex<ScanStats>>,
@@ -108,6 +114,7 @@ impl FragmentExec {
             decisions: Vec::new(),
             accepts_join_filters: false,
             join_filters: Vec::new(),
+            pruning_filters: Vec::new(),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(ScanStats::default())),
@@ -121,6 +128,9 @@ impl FragmentExec {
         fragment.decisions = self.decisions.iter().cloned().chain(decision).collect();
         fragment.accepts_join_filters = self.accepts_join_filters;
         fragment.join_filters = self.join_filters.clone();
+        if fragment.is_passthrough() {
+            fragment.pruning_filters = self.pruning_filters.clone();
+        }
         Ok(fragment)
     }
 
@@ -215,10 +225,13 @@ impl DisplayAs for FragmentExec {
         let mut nodes: Vec<&str> = self.partitions.iter().map(|p| p.node.name()).collect();
         nodes.dedup();
         let segments: usize = self.partitions.iter().flat_map(|p| p.leaves.iter().map(|(_, s)| s.len())).sum();
-        let mode = if self.is_passthrough() { "passthrough" } else { "pushdown" };
+        let mode = if self.is_passthrough() { "passthrough (stored bytes, decoded on the host)" } else { "pushdown" };
         write!(f, "FragmentExec: {mode}, nodes=[{}], partitions={}, segments={segments}", nodes.join(", "), self.partitions.len())?;
         if !self.join_filters.is_empty() {
             write!(f, ", join filters={}", self.join_filters.len())?;
+        }
+        if !self.pruning_filters.is_empty() {
+            write!(f, ", pruning filters={}", self.pruning_filters.len())?;
         }
         for decision in &self.decisions {
             write!(f, ", {decision}")?;
@@ -260,7 +273,7 @@ impl ExecutionPlan for FragmentExec {
         if children.is_empty() { Ok(self) } else { internal_err!("FragmentExec has no children") }
     }
 
-    fn execute(&self, partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let Some(part) = self.partitions.get(partition) else {
             return internal_err!("FragmentExec has no partition {partition}");
         };
@@ -287,13 +300,32 @@ impl ExecutionPlan for FragmentExec {
             schema: Arc::clone(&schema),
             counters,
             node_stats: Arc::clone(&self.node_stats),
+            link_bytes_from_batches: !self.is_passthrough(),
             finished: false,
         };
+        // Passthrough reads the stored bytes and decodes them here, unless a join filter
+        // turns it into a filter the node runs.
+        let stored = match (self.root.downcast_ref::<ScanLeafExec>(), part.leaves.first()) {
+            (Some(leaf), Some((version, segments))) => {
+                let mut request = leaf.leaf().clone();
+                request.version = *version;
+                let predicate = conjunction_opt(self.pruning_filters.iter().chain(&self.join_filters).cloned());
+                Some((request, segments.clone(), predicate, context))
+            }
+            _ => None,
+        };
+        let stored_schema = Arc::clone(&schema);
         let response = futures::stream::once(async move {
-            // Encoded at the first poll, not in `execute`: a join filter is complete only once
-            // the join has built its hash table, which it does before it polls this side.
-            let fragment = encode_fragment(with_join_filters(bound, &join_filters)?)?;
-            node.execute(fragment).await
+            // Decided and encoded at the first poll, not in `execute`: a join filter is
+            // complete only once the join has built its hash table, which it does before it
+            // polls this side.
+            let fragment = with_join_filters(bound, &join_filters)?;
+            match stored {
+                Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
+                    stored_scan(node, &leaf, &segments, stored_schema, predicate, context)
+                }
+                _ => node.execute(encode_fragment(fragment)?).await,
+            }
         })
         .try_flatten()
         .boxed();
@@ -323,9 +355,10 @@ impl ExecutionPlan for FragmentExec {
         }
     }
 
-    /// Accepts the dynamic filters of a hash join above (see `join_filters`). They are reported
-    /// as not pushed: the join applies its condition anyway, so a filter a node cannot use (or
-    /// one a snapshot cannot ship) costs only the bytes it would have saved.
+    /// Accepts the dynamic filters of a hash join above (see `join_filters`) and, in
+    /// passthrough, the filters above for pruning (see `pruning_filters`). They are reported as
+    /// not pushed: the operators above apply them anyway, so a filter a node cannot use (or one
+    /// a snapshot cannot ship) costs only the bytes it would have saved.
     fn handle_child_pushdown_result(
         &self,
         phase: FilterPushdownPhase,
@@ -334,20 +367,22 @@ impl ExecutionPlan for FragmentExec {
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         let filters = vec![PushedDown::No; child_pushdown_result.parent_filters.len()];
         let propagation = FilterPushdownPropagation::with_parent_pushdown_result(filters);
-        if !self.accepts_join_filters || phase != FilterPushdownPhase::Post {
-            return Ok(propagation);
+        let mut join_filters = Vec::new();
+        let mut pruning_filters = Vec::new();
+        for filter in child_pushdown_result.parent_filters.iter().map(|f| &f.filter) {
+            let dynamic = snapshot_physical_expr_opt(Arc::clone(filter)).is_ok_and(|snapshot| snapshot.transformed);
+            if dynamic && self.accepts_join_filters && phase == FilterPushdownPhase::Post {
+                join_filters.push(Arc::clone(filter));
+            } else if self.is_passthrough() && !self.pruning_filters.iter().any(|known| known == filter) {
+                pruning_filters.push(Arc::clone(filter));
+            }
         }
-        let dynamic: Vec<Arc<dyn PhysicalExpr>> = child_pushdown_result
-            .parent_filters
-            .iter()
-            .map(|f| Arc::clone(&f.filter))
-            .filter(|f| snapshot_physical_expr_opt(Arc::clone(f)).is_ok_and(|snapshot| snapshot.transformed))
-            .collect();
-        if dynamic.is_empty() {
+        if join_filters.is_empty() && pruning_filters.is_empty() {
             return Ok(propagation);
         }
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
-        fragment.join_filters.extend(dynamic);
+        fragment.join_filters.extend(join_filters);
+        fragment.pruning_filters.extend(pruning_filters);
         Ok(propagation.with_updated_node(Arc::new(fragment)))
     }
 
@@ -362,6 +397,9 @@ struct ResponseChecker {
     schema: SchemaRef,
     counters: FragmentCounters,
     node_stats: Arc<Mutex<ScanStats>>,
+    /// Whether the link carried the batches themselves (pushdown), or stored bytes the host
+    /// decoded (passthrough; the closing statistics count them).
+    link_bytes_from_batches: bool,
     finished: bool,
 }
 
@@ -387,13 +425,18 @@ impl ResponseChecker {
                     ))));
                 }
                 self.counters.output_rows.add(batch.num_rows());
-                self.counters.bytes_over_link.add(batch_wire_bytes(&batch) as usize);
+                if self.link_bytes_from_batches {
+                    self.counters.bytes_over_link.add(batch_wire_bytes(&batch) as usize);
+                }
                 Checked::Item(Ok(batch))
             }
             Some(Ok(ScanMessage::Finished(stats))) => {
                 self.finished = true;
                 let c = &self.counters;
                 c.bytes_read.add(stats.bytes_read as usize);
+                if !self.link_bytes_from_batches {
+                    c.bytes_over_link.add(stats.bytes_returned as usize);
+                }
                 c.segments_requested.add(stats.segments_requested as usize);
                 c.segments_pruned.add(stats.segments_pruned as usize);
                 c.rows_scanned.add(stats.rows_scanned as usize);

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::error::{DataFusionError, Result};
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::{Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, StorageNode, TableInfo};
+use quarry_storage::{Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -132,6 +132,31 @@ impl StorageNode for RemoteStorageNode {
 
     async fn describe(&self) -> Result<NodeDescription> {
         self.action_json(action::DESCRIBE, &()).await
+    }
+
+    async fn read_segment(&self, read: SegmentRead) -> Result<Vec<Bytes>> {
+        let body = serde_json::to_vec(&read).expect("request serializes");
+        let request = Action { r#type: action::READ_SEGMENT.into(), body: body.into() };
+        let mut client = self.client.0.clone();
+        let mut results = client.do_action(request).await.map_err(|s| self.error(s))?.into_inner();
+        let mut received = bytes::BytesMut::with_capacity(read.len() as usize);
+        while let Some(chunk) = results.message().await.map_err(|s| self.error(s))? {
+            if received.len() + chunk.body.len() > read.len() as usize {
+                return Err(DataFusionError::Execution(format!("storage node {}: sent more than the {} bytes asked of segment '{}'", self.url, read.len(), read.segment)));
+            }
+            received.extend_from_slice(&chunk.body);
+        }
+        if received.len() != read.len() as usize {
+            return Err(DataFusionError::Execution(format!(
+                "storage node {}: sent {} of the {} bytes asked of segment '{}'",
+                self.url,
+                received.len(),
+                read.len(),
+                read.segment
+            )));
+        }
+        let mut received = received.freeze();
+        Ok(read.ranges.iter().map(|r| received.split_to((r.end - r.start) as usize)).collect())
     }
 
     async fn execute(&self, fragment: Fragment) -> Result<ScanStream> {

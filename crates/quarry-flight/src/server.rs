@@ -3,8 +3,9 @@
 //! - `do_get`: the ticket is a [`quarry_storage::Fragment`]; the response is its batches, then
 //!   one message carrying only `app_metadata`: the fragment's [`ScanStats`] as JSON. A stream
 //!   without that closing message is incomplete, and the host treats it as an error.
-//! - `do_action`: `list_tables`, `table_info`, `describe`, and the write transaction
-//!   `begin_write` / `commit_write` / `abort_write`.
+//! - `do_action`: `list_tables`, `table_info`, `describe`, `read_segment` (stored bytes, for
+//!   passthrough), `graph`, and the write transaction `begin_write` / `commit_write` /
+//!   `abort_write`.
 //! - `do_put`: one segment of a write in progress.
 //!
 //! With a token, every call must carry `authorization: Bearer <token>`.
@@ -25,7 +26,7 @@ use bytes::Bytes;
 use datafusion::error::DataFusionError;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::{Fragment, LocalStorageNode, ScanMessage, ScanStats, StorageNode};
+use quarry_storage::{Fragment, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
 use quarry_storage::graph_job::GraphJob;
 use quarry_table::{SegmentMeta, SegmentOptions, TableWriter, WriteMode};
 use tonic::transport::Server;
@@ -33,7 +34,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::TokenCheck;
-use crate::wire::{BeginWrite, CommitWrite, PutSegment, TableInfoWire, action};
+use crate::wire::{BeginWrite, CommitWrite, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action};
 
 /// The Flight service over a node.
 pub struct NodeService {
@@ -216,6 +217,16 @@ impl FlightService for NodeService {
         let action = request.into_inner();
         let body = &action.body[..];
         let result = match action.r#type.as_str() {
+            action::READ_SEGMENT => {
+                let read: SegmentRead = parse(body, "read_segment")?;
+                let ranges = self.node.read_segment(read).await.map_err(status)?;
+                let chunks: Vec<arrow_flight::Result> = ranges
+                    .iter()
+                    .flat_map(|bytes| (0..bytes.len()).step_by(STORED_BYTES_CHUNK).map(move |at| bytes.slice(at..(at + STORED_BYTES_CHUNK).min(bytes.len()))))
+                    .map(|body| arrow_flight::Result { body })
+                    .collect();
+                return Ok(Response::new(futures::stream::iter(chunks.into_iter().map(Ok)).boxed()));
+            }
             action::LIST_TABLES => json(&self.node.list_tables().await.map_err(status)?)?,
             action::TABLE_INFO => {
                 let table: String = parse(body, "table_info")?;
@@ -255,7 +266,16 @@ impl FlightService for NodeService {
     }
 
     async fn list_actions(&self, _request: Request<Empty>) -> Result<Response<Self::ListActionsStream>, Status> {
-        let actions = [action::LIST_TABLES, action::TABLE_INFO, action::DESCRIBE, action::BEGIN_WRITE, action::COMMIT_WRITE, action::ABORT_WRITE, action::GRAPH]
+        let actions = [
+            action::LIST_TABLES,
+            action::TABLE_INFO,
+            action::DESCRIBE,
+            action::READ_SEGMENT,
+            action::BEGIN_WRITE,
+            action::COMMIT_WRITE,
+            action::ABORT_WRITE,
+            action::GRAPH,
+        ]
             .map(|name| Ok(ActionType { r#type: name.into(), description: String::new() }));
         Ok(Response::new(futures::stream::iter(actions).boxed()))
     }

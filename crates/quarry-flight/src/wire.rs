@@ -31,7 +31,14 @@ pub mod action {
     pub const ABORT_WRITE: &str = "abort_write";
     /// Run a graph job on the node (`quarry_storage::graph_job`); returns its summary.
     pub const GRAPH: &str = "graph";
+    /// Stored bytes of a segment (`quarry_storage::SegmentRead`, passthrough); the answer is
+    /// the ranges' bytes in order, in results of at most [`super::STORED_BYTES_CHUNK`] bytes.
+    pub const READ_SEGMENT: &str = "read_segment";
 }
+
+/// The most bytes one result of `read_segment` carries (well under gRPC's 4 MiB default
+/// message limit).
+pub const STORED_BYTES_CHUNK: usize = 1 << 20;
 
 /// [`TableInfo`] on the wire.
 #[derive(Debug, Serialize, Deserialize)]

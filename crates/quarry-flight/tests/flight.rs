@@ -12,7 +12,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 use futures::TryStreamExt;
 use quarry_flight::{RemoteStorageNode, ServeOptions, serve};
-use quarry_storage::{Fragment, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, StorageNode, encode_fragment};
+use quarry_storage::{Fragment, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, encode_fragment};
 use quarry_table::{SegmentOptions, Warehouse, WriteMode};
 
 const TOKEN: &str = "test-token";
@@ -127,4 +127,55 @@ async fn calls_without_the_token_are_refused() {
     let error = RemoteStorageNode::connect(&url, Some("guess")).await.unwrap_err();
     assert!(error.contains("wrong token"), "{error}");
     RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+}
+
+/// Passthrough reads: the stored bytes of a segment, exactly, over several Flight results when
+/// larger than one; reads of segments the version lacks or of bytes beyond the file refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_segment_serves_exactly_the_stored_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let writer = warehouse.begin_write("r", &schema(), WriteMode::Replace, SegmentOptions::default(), Vec::new()).unwrap();
+    let mut segment = writer.new_segment().unwrap();
+    // Values that do not compress: a file of several Flight results.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as i64
+    };
+    let ids: Vec<i64> = (0..400_000).map(|_| next()).collect();
+    let values: Vec<i64> = (0..400_000).map(|_| next()).collect();
+    let batch = RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(ids)), Arc::new(Int64Array::from(values))]).unwrap();
+    segment.write(&batch).unwrap();
+    let meta = segment.finish().unwrap();
+    let id = meta.id.clone();
+    writer.commit(vec![meta], Vec::new()).unwrap();
+    let snapshot = warehouse.table("r").unwrap();
+    let file = std::fs::read(snapshot.segment_path(&snapshot.manifest.segments[0])).unwrap();
+    assert!(file.len() > 3 << 20, "the segment should span several results: {} bytes", file.len());
+    let url = start_node(warehouse).await;
+    let node = RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    let version = node.table_info("r").await.unwrap().version;
+    let size = file.len() as u64;
+    let read = |segment: &str, ranges: Vec<std::ops::Range<u64>>| SegmentRead { table: "r".into(), version, segment: segment.into(), ranges };
+
+    let ranges = vec![0..size, 4..10, size - 8..size];
+    let parts = node.read_segment(read(&id, ranges.clone())).await.unwrap();
+    assert_eq!(parts.len(), ranges.len());
+    for (part, range) in parts.iter().zip(&ranges) {
+        assert!(part[..] == file[range.start as usize..range.end as usize], "range {range:?} differs from the file");
+    }
+
+    for (segment, ranges, expected) in [
+        ("nope", vec![0..4], "no segment 'nope'".to_string()),
+        ("../../etc/passwd", vec![0..4], "no segment '../../etc/passwd'".to_string()),
+        (id.as_str(), vec![0..size + 1], format!("it has {size} bytes")),
+        (id.as_str(), vec![8..8], format!("it has {size} bytes")),
+    ] {
+        let error = node.read_segment(read(segment, ranges.clone())).await.unwrap_err().to_string();
+        assert!(error.contains(&expected), "{segment} {ranges:?}: {error}");
+        assert!(error.contains(&url), "the error names the node: {error}");
+    }
 }

@@ -86,6 +86,33 @@ pub struct Fragment {
     pub plan: bytes::Bytes,
 }
 
+/// A read of stored bytes: byte ranges of one segment file of a table version, as a plain
+/// storage device serves them (passthrough: the host decodes the pages itself). Ranges are
+/// checked against the segment's size; the segment must belong to the version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRead {
+    /// Table name.
+    pub table: String,
+    /// Version the segment belongs to.
+    pub version: u64,
+    /// Segment id.
+    pub segment: String,
+    /// Byte ranges of the segment file, each non-empty.
+    pub ranges: Vec<std::ops::Range<u64>>,
+}
+
+impl SegmentRead {
+    /// Bytes the ranges cover.
+    pub fn len(&self) -> u64 {
+        self.ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum()
+    }
+
+    /// Whether the ranges cover no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// One item of a scan's response stream: batches, then exactly one `Finished` at the end.
 #[derive(Debug, Clone)]
 pub enum ScanMessage {
@@ -201,6 +228,9 @@ pub trait StorageNode: Debug + Send + Sync {
     /// operator the node does not run) come back here; errors while running come as items of
     /// the stream. Dropping the stream cancels the fragment and frees its grant.
     async fn execute(&self, fragment: Fragment) -> Result<ScanStream>;
+    /// Reads stored bytes of a segment (one `Bytes` per range, in order), through the device's
+    /// read bandwidth and the link, as a plain storage device would serve them.
+    async fn read_segment(&self, read: SegmentRead) -> Result<Vec<bytes::Bytes>>;
 }
 
 /// Bytes of a batch's Arrow buffers as it would cross a link: the bytes its (possibly sliced)

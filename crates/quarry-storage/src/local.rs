@@ -10,7 +10,7 @@
 //! for the link. Passthrough fragments (a bare leaf) stand for a plain storage device: they use
 //! no device compute budget.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use datafusion::common::plan_err;
+use datafusion::common::{internal_err, plan_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
 use datafusion::error::{DataFusionError, Result};
@@ -50,7 +50,7 @@ use quarry_table::{PageEncoding, SegmentMeta, TableSnapshot, Warehouse};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, StorageNode, TableInfo, batch_wire_bytes};
+use crate::api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
@@ -79,7 +79,16 @@ pub struct LocalStorageNode {
     device_threads: Arc<Semaphore>,
     sessions: Arc<Semaphore>,
     counters: Arc<NodeCounters>,
+    /// Segments that passthrough reads found in their version's manifest: their file and size
+    /// (segments never change once committed, so a read need not parse the manifest again).
+    stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
 }
+
+/// The most bytes one passthrough read may ask for (it is held in memory while it is served);
+/// a Parquet reader asks for a row group's column chunks at most.
+const MAX_SEGMENT_READ: u64 = 256 << 20;
+/// Segments remembered for passthrough reads before the memo starts over.
+const STORED_SEGMENTS_REMEMBERED: usize = 100_000;
 
 /// Cumulative counters since the node started (exported in Prometheus text format).
 #[derive(Debug, Default)]
@@ -91,6 +100,7 @@ pub struct NodeCounters {
     rows_scanned: AtomicU64,
     rows_returned: AtomicU64,
     bytes_returned: AtomicU64,
+    stored_bytes_served: AtomicU64,
     device_cpu_ns: AtomicU64,
     device_pause_ns: AtomicU64,
     spilled_bytes: AtomicU64,
@@ -132,6 +142,7 @@ impl LocalStorageNode {
             device_threads: Arc::new(Semaphore::new(threads)),
             sessions: Arc::new(Semaphore::new(profile.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS))),
             counters: Arc::new(NodeCounters::default()),
+            stored_segments: Default::default(),
             warehouse,
             state,
             profile,
@@ -184,7 +195,7 @@ impl LocalStorageNode {
     pub fn metrics_text(&self) -> String {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let metrics: [(&str, &str, &str, u64); 12] = [
+        let metrics: [(&str, &str, &str, u64); 13] = [
             ("quarry_node_fragments_total", "counter", "Fragments started", load(&c.fragments_started)),
             ("quarry_node_fragments_rejected_total", "counter", "Fragments rejected by validation", load(&c.fragments_rejected)),
             ("quarry_node_fragments_active", "gauge", "Fragments running now", load(&c.fragments_active)),
@@ -193,6 +204,7 @@ impl LocalStorageNode {
             ("quarry_node_rows_returned_total", "counter", "Rows sent to hosts", load(&c.rows_returned)),
             ("quarry_node_bytes_read_total", "counter", "Bytes read from segment files", self.store.bytes_read()),
             ("quarry_node_bytes_sent_total", "counter", "Bytes of Arrow batches sent to hosts", load(&c.bytes_returned)),
+            ("quarry_node_stored_bytes_served_total", "counter", "Stored segment bytes served to hosts (passthrough)", load(&c.stored_bytes_served)),
             ("quarry_node_device_cpu_seconds_total", "counter", "CPU time of device workers", load(&c.device_cpu_ns) / 1_000_000_000),
             ("quarry_node_device_pause_seconds_total", "counter", "Time device workers paused for the compute slowdown", load(&c.device_pause_ns) / 1_000_000_000),
             ("quarry_node_spilled_bytes_total", "counter", "Bytes spilled by Grace hash joins", load(&c.spilled_bytes)),
@@ -203,6 +215,27 @@ impl LocalStorageNode {
             text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{node=\"{}\"}} {value}\n", self.name));
         }
         text
+    }
+
+    /// The file and size of the segment a passthrough read names, checked against the catalog.
+    fn stored_segment(&self, read: &SegmentRead) -> Result<(ObjectPath, u64)> {
+        let key = (read.table.clone(), read.version, read.segment.clone());
+        if let Some(found) = self.stored_segments.lock().expect("segments lock").get(&key) {
+            return Ok(found.clone());
+        }
+        let snapshot = self.warehouse.table_version(&read.table, read.version).map_err(table_error)?;
+        let [segment] = select_segments(&snapshot, std::slice::from_ref(&read.segment))?[..] else {
+            return internal_err!("one segment id selects one segment");
+        };
+        check_segment_file(&snapshot, segment)?;
+        let file = snapshot.segment_path(segment);
+        let path = ObjectPath::from_absolute_path(&file).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let mut memo = self.stored_segments.lock().expect("segments lock");
+        if memo.len() >= STORED_SEGMENTS_REMEMBERED {
+            memo.clear();
+        }
+        memo.insert(key, (path.clone(), segment.bytes));
+        Ok((path, segment.bytes))
     }
 
     /// Checks a leaf against the catalog and returns the schema it produces.
@@ -522,6 +555,25 @@ impl StorageNode for LocalStorageNode {
             Some((item, run))
         })
         .boxed())
+    }
+
+    /// What a plain storage device does: the stored bytes, through the device's read
+    /// bandwidth and the link.
+    async fn read_segment(&self, read: SegmentRead) -> Result<Vec<bytes::Bytes>> {
+        let (path, size) = self.stored_segment(&read)?;
+        if read.len() > MAX_SEGMENT_READ {
+            return plan_err!("a read of {} bytes of segment '{}' exceeds the node's limit of {MAX_SEGMENT_READ} bytes per request", read.len(), read.segment);
+        }
+        if let Some(bad) = read.ranges.iter().find(|r| r.start >= r.end || r.end > size) {
+            return plan_err!("cannot read bytes {}..{} of segment '{}' of table '{}': it has {size} bytes", bad.start, bad.end, read.segment, read.table);
+        }
+        let bytes = self.store.get_ranges(&path, &read.ranges).await.map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let total = read.len();
+        if let Some(link) = &self.link {
+            link.consume(total).await;
+        }
+        self.counters.stored_bytes_served.fetch_add(total, Ordering::Relaxed);
+        Ok(bytes)
     }
 }
 
