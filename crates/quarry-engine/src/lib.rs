@@ -8,6 +8,7 @@
 
 pub mod accounting;
 pub mod cardinality;
+pub mod conjunct_order;
 pub mod join_order;
 pub mod magic_set;
 pub mod output;

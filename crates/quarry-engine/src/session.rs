@@ -22,6 +22,7 @@ use quarry_storage::StorageNode;
 use crate::accounting::QueryStats;
 use crate::join_order::JoinOrderRule;
 use crate::magic_set::MagicSetRule;
+use crate::conjunct_order::ConjunctOrderRule;
 use crate::shared_subplan::SharedSubplanRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
@@ -128,7 +129,8 @@ impl QuarrySession {
         let placement = PlacementRule::new(options.pushdown, descriptions, in_process, host_rates, options.threads);
         // Placement runs first, on the plan as the planner built it (partial aggregates directly
         // above their inputs, before DataFusion adds repartitioning and coalescing).
-        let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(placement)];
+        // Conjunct order before that: a pushed filter carries its order to the node.
+        let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(ConjunctOrderRule), Arc::new(placement)];
         rules.extend(state.physical_optimizers().iter().cloned());
         // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
         rules.push(Arc::new(SharedSubplanRule));

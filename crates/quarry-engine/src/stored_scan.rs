@@ -124,12 +124,16 @@ impl SegmentStore {
         })
     }
 
-    async fn read(&self, segment: &str, ranges: Vec<Range<u64>>) -> object_store::Result<Vec<Bytes>> {
-        let read = SegmentRead { table: self.table.clone(), version: self.version, segment: segment.to_string(), ranges };
-        let bytes = read.len();
-        let parts = self.node.read_segment(read).await.map_err(|e| object_store::Error::Generic { store: "storage node", source: Box::new(e) })?;
-        self.fetched.add(bytes as usize);
-        Ok(parts)
+    /// The bytes of `ranges`, one `Bytes` per range, fetched in reads the node accepts.
+    async fn read(&self, segment: &str, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
+        let mut pieces = Vec::new();
+        for read in SegmentRead::split(&self.table, self.version, segment, ranges, SegmentRead::MAX_BYTES) {
+            let bytes = read.len();
+            let parts = self.node.read_segment(read).await.map_err(|e| object_store::Error::Generic { store: "storage node", source: Box::new(e) })?;
+            self.fetched.add(bytes as usize);
+            pieces.extend(parts);
+        }
+        SegmentRead::join(ranges, pieces).map_err(|e| object_store::Error::Generic { store: "storage node", source: format!("segment '{segment}': {e}").into() })
     }
 }
 
@@ -166,14 +170,14 @@ impl ObjectStore for SegmentStore {
             store: "storage node",
             source: Box::new(e),
         })?;
-        let body = if options.head || range.is_empty() { Bytes::new() } else { self.read(&segment, vec![range.clone()]).await?.remove(0) };
+        let body = if options.head || range.is_empty() { Bytes::new() } else { self.read(&segment, std::slice::from_ref(&range)).await?.remove(0) };
         let payload = GetResultPayload::Stream(Box::pin(futures::stream::once(async move { Ok(body) })));
         Ok(GetResult { payload, meta, range, attributes: Default::default() })
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
         let (segment, _) = self.segment(location)?.clone();
-        self.read(&segment, ranges.to_vec()).await
+        self.read(&segment, ranges).await
     }
 
     fn delete_stream(&self, _locations: BoxStream<'static, object_store::Result<Path>>) -> BoxStream<'static, object_store::Result<Path>> {

@@ -102,6 +102,65 @@ pub struct SegmentRead {
 }
 
 impl SegmentRead {
+    /// The most bytes one read may ask for: a node holds a read in memory while it serves it,
+    /// so readers split larger requests ([`SegmentRead::split`]).
+    pub const MAX_BYTES: u64 = 64 << 20;
+
+    /// The reads, each of at most `max_bytes` (> 0), that together cover `ranges` in order;
+    /// a range longer than `max_bytes` is cut into consecutive pieces.
+    pub fn split(table: &str, version: u64, segment: &str, ranges: &[std::ops::Range<u64>], max_bytes: u64) -> Vec<SegmentRead> {
+        assert!(max_bytes > 0, "a segment read must be allowed some bytes");
+        let mut reads = Vec::new();
+        let mut current: Vec<std::ops::Range<u64>> = Vec::new();
+        let mut current_bytes = 0;
+        for range in ranges {
+            let mut start = range.start;
+            while start < range.end {
+                if current_bytes == max_bytes {
+                    reads.push(std::mem::take(&mut current));
+                    current_bytes = 0;
+                }
+                let end = range.end.min(start + (max_bytes - current_bytes));
+                current.push(start..end);
+                current_bytes += end - start;
+                start = end;
+            }
+        }
+        if !current.is_empty() {
+            reads.push(current);
+        }
+        reads.into_iter().map(|ranges| SegmentRead { table: table.to_string(), version, segment: segment.to_string(), ranges }).collect()
+    }
+
+    /// The bytes of each of `ranges` from the answers to their [`SegmentRead::split`] reads,
+    /// in order: pieces of one range are concatenated again.
+    pub fn join(ranges: &[std::ops::Range<u64>], pieces: Vec<bytes::Bytes>) -> std::result::Result<Vec<bytes::Bytes>, String> {
+        let mut pieces = pieces.into_iter();
+        let mut out = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let want = (range.end - range.start) as usize;
+            let first = pieces.next().unwrap_or_default();
+            if first.len() == want {
+                out.push(first);
+                continue;
+            }
+            let mut joined = Vec::with_capacity(want);
+            joined.extend_from_slice(&first);
+            while joined.len() < want {
+                let Some(piece) = pieces.next() else { break };
+                joined.extend_from_slice(&piece);
+            }
+            if joined.len() != want {
+                return Err(format!("got {} bytes for range {range:?} of {want} bytes", joined.len()));
+            }
+            out.push(bytes::Bytes::from(joined));
+        }
+        if pieces.next().is_some() {
+            return Err("got more pieces than the ranges asked for".to_string());
+        }
+        Ok(out)
+    }
+
     /// Bytes the ranges cover.
     pub fn len(&self) -> u64 {
         self.ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum()

@@ -84,9 +84,6 @@ pub struct LocalStorageNode {
     stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
 }
 
-/// The most bytes one passthrough read may ask for (it is held in memory while it is served);
-/// a Parquet reader asks for a row group's column chunks at most.
-const MAX_SEGMENT_READ: u64 = 256 << 20;
 /// Segments remembered for passthrough reads before the memo starts over.
 const STORED_SEGMENTS_REMEMBERED: usize = 100_000;
 
@@ -561,8 +558,8 @@ impl StorageNode for LocalStorageNode {
     /// bandwidth and the link.
     async fn read_segment(&self, read: SegmentRead) -> Result<Vec<bytes::Bytes>> {
         let (path, size) = self.stored_segment(&read)?;
-        if read.len() > MAX_SEGMENT_READ {
-            return plan_err!("a read of {} bytes of segment '{}' exceeds the node's limit of {MAX_SEGMENT_READ} bytes per request", read.len(), read.segment);
+        if read.len() > SegmentRead::MAX_BYTES {
+            return plan_err!("a read of {} bytes of segment '{}' exceeds the node's limit of {} bytes per request", read.len(), read.segment, SegmentRead::MAX_BYTES);
         }
         if let Some(bad) = read.ranges.iter().find(|r| r.start >= r.end || r.end > size) {
             return plan_err!("cannot read bytes {}..{} of segment '{}' of table '{}': it has {size} bytes", bad.start, bad.end, read.segment, read.table);

@@ -275,3 +275,27 @@ async fn grace_join_rejects_a_zero_budget_and_null_aware_anti_joins() {
     let error = GraceHashJoinExec::try_from_hash_join(&not_in, BUDGET, std::env::temp_dir()).unwrap_err();
     assert!(matches!(error, DataFusionError::NotImplemented(_)), "{error}");
 }
+
+/// Passthrough reads larger than a node accepts are split into reads of at most the limit,
+/// cutting long ranges, and the answers join back into exactly the bytes of each range.
+#[test]
+fn segment_reads_split_to_the_limit_and_join_back() {
+    use quarry_storage::SegmentRead;
+    let file: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let ranges = vec![0..250, 300..310, 400..1000];
+    for max in [1, 7, 100, 250, 260, 10_000] {
+        let reads = SegmentRead::split("t", 3, "s", &ranges, max);
+        assert!(reads.iter().all(|r| r.len() <= max && r.len() > 0 && r.table == "t" && r.version == 3 && r.segment == "s"), "max {max}");
+        assert_eq!(reads.iter().map(SegmentRead::len).sum::<u64>(), 860, "max {max}");
+        let expected_reads = 860u64.div_ceil(max) as usize;
+        assert_eq!(reads.len(), expected_reads, "reads are filled to the limit, max {max}");
+        let pieces: Vec<bytes::Bytes> =
+            reads.iter().flat_map(|r| r.ranges.iter().map(|p| bytes::Bytes::copy_from_slice(&file[p.start as usize..p.end as usize]))).collect();
+        let joined = SegmentRead::join(&ranges, pieces).unwrap();
+        for (bytes, range) in joined.iter().zip(&ranges) {
+            assert!(bytes[..] == file[range.start as usize..range.end as usize], "max {max} range {range:?}");
+        }
+    }
+    let short = SegmentRead::join(&ranges, vec![bytes::Bytes::from(vec![0u8; 250]), bytes::Bytes::from(vec![0u8; 5])]).unwrap_err();
+    assert!(short.contains("got 5 bytes for range 300..310"), "{short}");
+}
