@@ -309,6 +309,13 @@ impl PlacementRule {
                 // sends them; an embedded node's batches are handed over in memory, and stored
                 // bytes are decoded as Parquet (counted in `compute`).
                 let receive = if self.in_process.contains(*name) || passthrough { 0.0 } else { link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9 };
+                if passthrough {
+                    // DataFusion's Parquet reader fetches a row group's chunks, then decodes
+                    // them: transfer and decoding take turns rather than overlap (Synthetic64
+                    // PLAIN, 1% of rows, smartssd-2013: passthrough 180-300 ms where their max
+                    // predicted 118 ms, pushdown 130-190 ms).
+                    return read.max(link) + compute;
+                }
                 compute.max(read).max(link).max(receive)
             })
             .fold(0.0, f64::max);

@@ -555,7 +555,7 @@ impl StorageNode for LocalStorageNode {
     }
 
     /// What a plain storage device does: the stored bytes, through the device's read
-    /// bandwidth and the link.
+    /// bandwidth and the link at once.
     async fn read_segment(&self, read: SegmentRead) -> Result<Vec<bytes::Bytes>> {
         let (path, size) = self.stored_segment(&read)?;
         if read.len() > SegmentRead::MAX_BYTES {
@@ -564,11 +564,15 @@ impl StorageNode for LocalStorageNode {
         if let Some(bad) = read.ranges.iter().find(|r| r.start >= r.end || r.end > size) {
             return plan_err!("cannot read bytes {}..{} of segment '{}' of table '{}': it has {size} bytes", bad.start, bad.end, read.segment, read.table);
         }
-        let bytes = self.store.get_ranges(&path, &read.ranges).await.map_err(|e| DataFusionError::External(Box::new(e)))?;
         let total = read.len();
-        if let Some(link) = &self.link {
-            link.consume(total).await;
-        }
+        // A device streams what it reads onto the link: the two overlap, as they do for pushdown.
+        let sending = async {
+            if let Some(link) = &self.link {
+                link.consume(total).await;
+            }
+        };
+        let (bytes, ()) = tokio::join!(self.store.get_ranges(&path, &read.ranges), sending);
+        let bytes = bytes.map_err(|e| DataFusionError::External(Box::new(e)))?;
         self.counters.stored_bytes_served.fetch_add(total, Ordering::Relaxed);
         Ok(bytes)
     }
