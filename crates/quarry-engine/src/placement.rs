@@ -34,7 +34,7 @@ use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
 use quarry_storage::star::StarProbeExec;
-use quarry_storage::{Calibration, NodeDescription, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
+use quarry_storage::{Calibration, LinkCodec, NodeDescription, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
 use datafusion::physical_expr::utils::collect_columns;
 
 use crate::conjunct_order::evaluation_cost;
@@ -256,6 +256,49 @@ impl PlacementRule {
         Placement { operator, pushed, reason, on_node, on_host }
     }
 
+    /// The codec that moves a pushed-down fragment's output fastest: per node, the slowest of
+    /// the link (the compressed bytes), the node's compression (its threads, its slowdown) and
+    /// the host's decompression, with the calibrated rates and ratios. No compression where a
+    /// node is in this process (nothing is encoded) or its link's bandwidth is unknown; a
+    /// codec must win by 10% (the ratio is measured on other data than the query's).
+    fn link_codec(&self, fragment: &FragmentExec) -> LinkCodec {
+        let root = fragment.root();
+        let bytes = rows(root) * row_width(&root.schema());
+        let mut names: Vec<&str> = fragment.partitions().iter().map(|p| p.node.name()).collect();
+        names.sort();
+        names.dedup();
+        let share = bytes / names.len().max(1) as f64;
+        let mut nodes = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(description) = self.nodes.get(name) else { return LinkCodec::None };
+            let Some(link_mbps) = description.profile.link_mbps else { return LinkCodec::None };
+            if self.in_process.contains(name) {
+                return LinkCodec::None;
+            }
+            nodes.push((description, link_mbps));
+        }
+        let seconds = |codec: LinkCodec| {
+            nodes
+                .iter()
+                .map(|(description, link_mbps)| {
+                    let (compress, _, ratio) = description.calibration.link_codec_rates(codec);
+                    let (_, decompress, _) = self.host.link_codec_rates(codec);
+                    let link = share * ratio / (link_mbps * 1e6);
+                    let node = share * compress * description.profile.compute_slowdown / description.profile.threads() as f64 / 1e9;
+                    let host = share * decompress / self.host_threads as f64 / 1e9;
+                    link.max(node).max(host)
+                })
+                .fold(0.0, f64::max)
+        };
+        let plain = seconds(LinkCodec::None);
+        LinkCodec::ALL
+            .into_iter()
+            .map(|codec| (codec, seconds(codec)))
+            .filter(|(codec, s)| *codec == LinkCodec::None || *s < plain * AUTO_MARGIN)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or(LinkCodec::None, |(codec, _)| codec)
+    }
+
     /// Predicted time of running `root` on the partitions' nodes: per node, the slowest of
     /// reading, computing and sending its share; nodes run in parallel.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
@@ -329,6 +372,16 @@ impl PhysicalOptimizerRule for PlacementRule {
         if self.mode == PushdownMode::Off {
             return Ok(plan);
         }
+        // Compression of what pushed-down fragments send, where it pays.
+        let plan = plan
+            .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
+                Some(fragment) if !fragment.is_passthrough() => match self.link_codec(fragment) {
+                    LinkCodec::None => Ok(Transformed::no(node)),
+                    codec => Ok(Transformed::yes(Arc::new(fragment.with_link_codec(codec)?) as Arc<dyn ExecutionPlan>)),
+                },
+                _ => Ok(Transformed::no(node)),
+            })?
+            .data;
         // Join filters (the semi-join reduction) may go to the nodes, except in passthrough.
         let accepting = plan.transform_up(|node| match node.downcast_ref::<FragmentExec>() {
             Some(fragment) => Ok(Transformed::yes(Arc::new(fragment.accepting_join_filters()?) as Arc<dyn ExecutionPlan>)),

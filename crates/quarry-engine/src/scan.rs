@@ -29,7 +29,7 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::{ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, batch_wire_bytes, encode_fragment};
+use quarry_storage::{LinkCodec, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
 use crate::placement::Placement;
 use crate::stored_scan::stored_scan;
@@ -89,6 +89,8 @@ pub struct FragmentExec {
     /// statistics, as any reader of Parquet files on an object store does. They still run
     /// above the scan.
     pruning_filters: Vec<Arc<dyn PhysicalExpr>>,
+    /// How the node compresses the batches it sends (the placement rule's choice).
+    link_codec: LinkCodec,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     node_stats: Arc<Mutex<ScanStats>>,
@@ -115,6 +117,7 @@ impl FragmentExec {
             accepts_join_filters: false,
             join_filters: Vec::new(),
             pruning_filters: Vec::new(),
+            link_codec: LinkCodec::None,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(ScanStats::default())),
@@ -128,6 +131,7 @@ impl FragmentExec {
         fragment.decisions = self.decisions.iter().cloned().chain(decision).collect();
         fragment.accepts_join_filters = self.accepts_join_filters;
         fragment.join_filters = self.join_filters.clone();
+        fragment.link_codec = self.link_codec;
         if fragment.is_passthrough() {
             fragment.pruning_filters = self.pruning_filters.clone();
         }
@@ -139,6 +143,13 @@ impl FragmentExec {
     pub fn accepting_join_filters(&self) -> Result<Self> {
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
         fragment.accepts_join_filters = true;
+        Ok(fragment)
+    }
+
+    /// The same fragment, its batches compressed with `codec` on the link.
+    pub fn with_link_codec(&self, codec: LinkCodec) -> Result<Self> {
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
+        fragment.link_codec = codec;
         Ok(fragment)
     }
 
@@ -233,6 +244,9 @@ impl DisplayAs for FragmentExec {
         if !self.pruning_filters.is_empty() {
             write!(f, ", pruning filters={}", self.pruning_filters.len())?;
         }
+        if self.link_codec != LinkCodec::None {
+            write!(f, ", link codec={}", self.link_codec.name())?;
+        }
         for decision in &self.decisions {
             write!(f, ", {decision}")?;
         }
@@ -300,7 +314,6 @@ impl ExecutionPlan for FragmentExec {
             schema: Arc::clone(&schema),
             counters,
             node_stats: Arc::clone(&self.node_stats),
-            link_bytes_from_batches: !self.is_passthrough(),
             finished: false,
         };
         // Passthrough reads the stored bytes and decodes them here, unless a join filter
@@ -315,6 +328,7 @@ impl ExecutionPlan for FragmentExec {
             _ => None,
         };
         let stored_schema = Arc::clone(&schema);
+        let link_codec = self.link_codec;
         let response = futures::stream::once(async move {
             // Decided and encoded at the first poll, not in `execute`: a join filter is
             // complete only once the join has built its hash table, which it does before it
@@ -324,7 +338,11 @@ impl ExecutionPlan for FragmentExec {
                 Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
                     stored_scan(node, &leaf, &segments, stored_schema, predicate, context)
                 }
-                _ => node.execute(encode_fragment(fragment)?).await,
+                _ => {
+                    let mut encoded = encode_fragment(fragment)?;
+                    encoded.link_codec = link_codec;
+                    node.execute(encoded).await
+                }
             }
         })
         .try_flatten()
@@ -397,9 +415,6 @@ struct ResponseChecker {
     schema: SchemaRef,
     counters: FragmentCounters,
     node_stats: Arc<Mutex<ScanStats>>,
-    /// Whether the link carried the batches themselves (pushdown), or stored bytes the host
-    /// decoded (passthrough; the closing statistics count them).
-    link_bytes_from_batches: bool,
     finished: bool,
 }
 
@@ -425,18 +440,15 @@ impl ResponseChecker {
                     ))));
                 }
                 self.counters.output_rows.add(batch.num_rows());
-                if self.link_bytes_from_batches {
-                    self.counters.bytes_over_link.add(batch_wire_bytes(&batch) as usize);
-                }
                 Checked::Item(Ok(batch))
             }
             Some(Ok(ScanMessage::Finished(stats))) => {
                 self.finished = true;
                 let c = &self.counters;
                 c.bytes_read.add(stats.bytes_read as usize);
-                if !self.link_bytes_from_batches {
-                    c.bytes_over_link.add(stats.bytes_returned as usize);
-                }
+                // As the node (or, for passthrough, this host's reader) counted them: batches
+                // as handed over or as compressed on the wire, or stored bytes.
+                c.bytes_over_link.add(stats.link_bytes as usize);
                 c.segments_requested.add(stats.segments_requested as usize);
                 c.segments_pruned.add(stats.segments_pruned as usize);
                 c.rows_scanned.add(stats.rows_scanned as usize);

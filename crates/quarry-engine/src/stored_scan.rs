@@ -83,6 +83,7 @@ pub fn stored_scan(
         stats.rows_returned = returned.value() as u64;
         stats.bytes_read = fetched.value() as u64;
         stats.bytes_returned = stats.bytes_read;
+        stats.link_bytes = stats.bytes_read;
         stats.elapsed_ns = started.elapsed().as_nanos() as u64;
         Ok(ScanMessage::Finished(stats))
     });

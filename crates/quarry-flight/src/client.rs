@@ -19,7 +19,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::TokenAttach;
-use crate::wire::{TableInfoWire, action};
+use crate::wire::{TableInfoWire, action, encode_ticket};
 
 type Client = FlightServiceClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -161,7 +161,7 @@ impl StorageNode for RemoteStorageNode {
 
     async fn execute(&self, fragment: Fragment) -> Result<ScanStream> {
         let mut client = self.client.0.clone();
-        let response = client.do_get(Ticket { ticket: fragment.plan }).await.map_err(|s| self.error(s))?;
+        let response = client.do_get(Ticket { ticket: encode_ticket(&fragment) }).await.map_err(|s| self.error(s))?;
         let node = self.clone();
         // The closing message carries only the statistics; take it out before decoding.
         let stats: Arc<Mutex<Option<Result<ScanStats>>>> = Arc::default();

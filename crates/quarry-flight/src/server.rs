@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use arrow_flight::decode::FlightRecordBatchStream;
+use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -26,7 +27,7 @@ use bytes::Bytes;
 use datafusion::error::DataFusionError;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::{Fragment, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
+use quarry_storage::{LinkCodec, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
 use quarry_storage::graph_job::GraphJob;
 use quarry_table::{SegmentMeta, SegmentOptions, TableWriter, WriteMode};
 use tonic::transport::Server;
@@ -34,7 +35,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::TokenCheck;
-use crate::wire::{BeginWrite, CommitWrite, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action};
+use crate::wire::{BeginWrite, CommitWrite, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket};
 
 /// The Flight service over a node.
 pub struct NodeService {
@@ -154,7 +155,11 @@ impl FlightService for NodeService {
     }
 
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        let fragment = Fragment { plan: request.into_inner().ticket };
+        let fragment = decode_ticket(request.into_inner().ticket).map_err(Status::invalid_argument)?;
+        let codec = fragment.link_codec;
+        let options = IpcWriteOptions::default().try_with_compression(codec.ipc()).map_err(|e| Status::internal(e.to_string()))?;
+        // Compressed batches are paced here, on the bytes sent (the node does not pace them).
+        let link = if codec == LinkCodec::None { None } else { self.node.link_limiter() };
         let messages = self.node.execute(fragment).await.map_err(status)?;
         let stats: Arc<Mutex<Option<ScanStats>>> = Arc::default();
         let stats_slot = Arc::clone(&stats);
@@ -172,15 +177,42 @@ impl FlightService for NodeService {
                     }
                 }
             });
-        let encoded = FlightDataEncoderBuilder::new().build(batches).map_err(|e| match e {
-            FlightError::Tonic(status) => *status,
-            other => Status::internal(other.to_string()),
-        });
+        let sent: Arc<Mutex<(u64, u64)>> = Arc::default();
+        let sent_slot = Arc::clone(&sent);
+        let encoded = FlightDataEncoderBuilder::new()
+            .with_options(options)
+            .build(batches)
+            .map_err(|e| match e {
+                FlightError::Tonic(status) => *status,
+                other => Status::internal(other.to_string()),
+            })
+            .and_then(move |data| {
+                let (link, sent) = (link.clone(), Arc::clone(&sent_slot));
+                async move {
+                    let bytes = (data.data_header.len() + data.data_body.len()) as u64;
+                    let waited = match &link {
+                        Some(link) => link.consume(bytes).await.as_nanos() as u64,
+                        None => 0,
+                    };
+                    let mut sent = sent.lock().expect("sent lock");
+                    sent.0 += bytes;
+                    sent.1 += waited;
+                    Ok(data)
+                }
+            });
         // The closing message: statistics, only once the fragment finished.
         let closing = futures::stream::once(async move {
             let stats = stats.lock().expect("stats lock").take();
             match stats {
-                Some(stats) => Ok(FlightData { app_metadata: Bytes::from(serde_json::to_vec(&stats).expect("stats serialize")), ..Default::default() }),
+                Some(mut stats) => {
+                    if codec != LinkCodec::None {
+                        // What crossed the link is what was encoded, compressed.
+                        let (bytes, waited) = *sent.lock().expect("sent lock");
+                        stats.link_bytes = bytes;
+                        stats.link_wait_ns += waited;
+                    }
+                    Ok(FlightData { app_metadata: Bytes::from(serde_json::to_vec(&stats).expect("stats serialize")), ..Default::default() })
+                }
                 None => Err(Status::internal("fragment ended without statistics")),
             }
         });

@@ -10,7 +10,7 @@ use arrow_flight::{SchemaAsIpc, SchemaResult};
 use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
-use quarry_storage::{SegmentInfo, TableInfo};
+use quarry_storage::{Fragment, LinkCodec, SegmentInfo, TableInfo};
 use quarry_table::manifest::TableSchema;
 use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,28 @@ pub mod action {
     /// Stored bytes of a segment (`quarry_storage::SegmentRead`, passthrough); the answer is
     /// the ranges' bytes in order, in results of at most [`super::STORED_BYTES_CHUNK`] bytes.
     pub const READ_SEGMENT: &str = "read_segment";
+}
+
+/// The first byte of a `do_get` ticket: what follows is the link codec's tag and a fragment.
+const TICKET_MARK: u8 = b'Q';
+
+/// A fragment as a `do_get` ticket: the mark, the link codec's tag, then the encoded plan.
+pub fn encode_ticket(fragment: &Fragment) -> bytes::Bytes {
+    let mut ticket = Vec::with_capacity(fragment.plan.len() + 2);
+    ticket.extend_from_slice(&[TICKET_MARK, fragment.link_codec.tag()]);
+    ticket.extend_from_slice(&fragment.plan);
+    ticket.into()
+}
+
+/// The fragment a `do_get` ticket carries.
+pub fn decode_ticket(ticket: bytes::Bytes) -> std::result::Result<Fragment, String> {
+    match ticket.get(..2) {
+        Some(&[TICKET_MARK, tag]) => match LinkCodec::from_tag(tag) {
+            Some(link_codec) => Ok(Fragment { plan: ticket.slice(2..), link_codec }),
+            None => Err(format!("the fragment ticket asks for link codec {tag}, which this node does not know")),
+        },
+        _ => Err("the ticket is not a Quarry fragment".to_string()),
+    }
 }
 
 /// The most bytes one result of `read_segment` carries (well under gRPC's 4 MiB default

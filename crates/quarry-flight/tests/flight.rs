@@ -12,7 +12,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 use futures::TryStreamExt;
 use quarry_flight::{RemoteStorageNode, ServeOptions, serve};
-use quarry_storage::{Fragment, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, encode_fragment};
+use quarry_storage::{Fragment, LinkCodec, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, encode_fragment};
 use quarry_table::{SegmentOptions, Warehouse, WriteMode};
 
 const TOKEN: &str = "test-token";
@@ -104,7 +104,7 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
     }
     // Bytes that are no plan.
     for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {
-        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage) }).await.unwrap_err().to_string();
+        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage), link_codec: LinkCodec::None }).await.unwrap_err().to_string();
         assert!(error.contains("fragment"), "{garbage:?}: {error}");
     }
 
@@ -178,4 +178,44 @@ async fn read_segment_serves_exactly_the_stored_bytes() {
         assert!(error.contains(&expected), "{segment} {ranges:?}: {error}");
         assert!(error.contains(&url), "the error names the node: {error}");
     }
+}
+
+/// A fragment's batches cross the link compressed when the host asks: the same rows under every
+/// codec, the compressed ones in fewer bytes (counted as sent: `link_bytes`), the Arrow bytes
+/// unchanged; a ticket naming a codec the node does not know is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (warehouse, segment) = warehouse(dir.path());
+    let url = start_node(warehouse).await;
+    let node = RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    let version = node.table_info("t").await.unwrap().version;
+    let scan: Arc<dyn ExecutionPlan> = Arc::new(leaf("t", vec![], &["id", "value"], schema()).with_segments(version, vec![segment]));
+    // A filter makes it pushdown (a bare leaf is read as stored bytes by the host instead).
+    let predicate = Arc::new(BinaryExpr::new(Arc::new(Column::new("id", 0)), Operator::GtEq, lit(0i64)));
+    let plan: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(predicate, scan).unwrap());
+    let mut results = Vec::new();
+    for codec in LinkCodec::ALL {
+        let mut fragment = encode_fragment(Arc::clone(&plan)).unwrap();
+        fragment.link_codec = codec;
+        let messages = run(&node, fragment).await.unwrap();
+        let batches: Vec<RecordBatch> = messages.iter().filter_map(|m| if let ScanMessage::Batch(b) = m { Some(b.clone()) } else { None }).collect();
+        let Some(ScanMessage::Finished(stats)) = messages.last() else { panic!("{codec:?}: no closing statistics") };
+        results.push((codec, arrow::compute::concat_batches(&schema(), &batches).unwrap(), stats.clone()));
+    }
+    let (_, plain_rows, plain) = &results[0];
+    assert_eq!(plain_rows.num_rows(), 1000);
+    assert_eq!(plain.link_bytes, plain.bytes_returned, "uncompressed: the Arrow bytes cross");
+    for (codec, rows, stats) in &results[1..] {
+        assert_eq!(rows, plain_rows, "{codec:?} changed the rows");
+        assert_eq!(stats.bytes_returned, plain.bytes_returned, "{codec:?}");
+        assert!(stats.link_bytes > 0 && stats.link_bytes < plain.bytes_returned * 3 / 4, "{codec:?}: {} link bytes of {} Arrow bytes", stats.link_bytes, plain.bytes_returned);
+    }
+
+    let channel = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://")).unwrap().connect().await.unwrap();
+    let mut client = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+    let mut request = tonic::Request::new(arrow_flight::Ticket { ticket: bytes::Bytes::from_static(b"Q\x07plan") });
+    request.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let error = client.do_get(request).await.unwrap_err();
+    assert!(error.message().contains("link codec 7"), "{error}");
 }

@@ -84,6 +84,60 @@ pub struct ScanLeaf {
 pub struct Fragment {
     /// The encoded plan.
     pub plan: bytes::Bytes,
+    /// How the node's transport compresses the batches it sends (the host's cost model picks
+    /// it; a node in the host's process hands batches over in memory and ignores it).
+    pub link_codec: LinkCodec,
+}
+
+/// Compression of the Arrow IPC a node sends over the link: Arrow's own buffer compression,
+/// which the receiving reader undoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkCodec {
+    /// Uncompressed buffers.
+    #[default]
+    None,
+    /// LZ4 frames: fast on both ends, a modest ratio.
+    Lz4,
+    /// Zstandard: a better ratio for more CPU on the node.
+    Zstd,
+}
+
+impl LinkCodec {
+    /// Every codec, in the order the cost model considers them.
+    pub const ALL: [LinkCodec; 3] = [LinkCodec::None, LinkCodec::Lz4, LinkCodec::Zstd];
+
+    /// The name shown in EXPLAIN.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkCodec::None => "none",
+            LinkCodec::Lz4 => "lz4",
+            LinkCodec::Zstd => "zstd",
+        }
+    }
+
+    /// Arrow IPC's compression for this codec.
+    pub fn ipc(self) -> Option<arrow::ipc::CompressionType> {
+        match self {
+            LinkCodec::None => None,
+            LinkCodec::Lz4 => Some(arrow::ipc::CompressionType::LZ4_FRAME),
+            LinkCodec::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
+        }
+    }
+
+    /// The byte that stands for this codec on the wire.
+    pub fn tag(self) -> u8 {
+        match self {
+            LinkCodec::None => 0,
+            LinkCodec::Lz4 => 1,
+            LinkCodec::Zstd => 2,
+        }
+    }
+
+    /// The codec a wire byte stands for.
+    pub fn from_tag(tag: u8) -> Option<LinkCodec> {
+        LinkCodec::ALL.into_iter().find(|c| c.tag() == tag)
+    }
 }
 
 /// A read of stored bytes: byte ranges of one segment file of a table version, as a plain
@@ -199,6 +253,10 @@ pub struct ScanStats {
     pub bytes_read: u64,
     /// Bytes of the Arrow batches returned.
     pub bytes_returned: u64,
+    /// Bytes that crossed the link: the batches as handed over, or as the transport encoded
+    /// and compressed them, or the stored bytes a passthrough read fetched.
+    #[serde(default)]
+    pub link_bytes: u64,
     /// Node-side wall time of the scan, nanoseconds.
     pub elapsed_ns: u64,
     /// CPU time the node's workers spent on the fragment, nanoseconds.
@@ -247,6 +305,7 @@ impl ScanStats {
         self.rows_returned += other.rows_returned;
         self.bytes_read += other.bytes_read;
         self.bytes_returned += other.bytes_returned;
+        self.link_bytes += other.link_bytes;
         self.elapsed_ns += other.elapsed_ns;
         self.device_cpu_ns += other.device_cpu_ns;
         self.device_pause_ns += other.device_pause_ns;

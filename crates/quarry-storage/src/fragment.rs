@@ -37,7 +37,7 @@ use prost::Message;
 
 use quarry_table::PageEncoding;
 
-use crate::api::{Fragment, ScanLeaf};
+use crate::api::{Fragment, LinkCodec, ScanLeaf};
 use crate::star::{StarProbeExec, decode_probe, encode_probe};
 
 /// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
@@ -217,7 +217,7 @@ pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Fragment> {
 
 fn encode_with(plan: Arc<dyn ExecutionPlan>, planning: bool) -> Result<Fragment> {
     let codec = LeafCodec { resolve: None, planning };
-    Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)? })
+    Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)?, link_codec: LinkCodec::None })
 }
 
 /// Decodes a fragment, resolving each leaf with `resolve`, then checks it with

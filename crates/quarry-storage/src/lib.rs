@@ -19,7 +19,7 @@ pub mod plan_metrics;
 pub mod profile;
 pub mod star;
 
-pub use api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+pub use api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};
 pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragment, validate_fragment};
 pub use grace_join::GraceHashJoinExec;

@@ -50,7 +50,7 @@ use quarry_table::{PageEncoding, SegmentMeta, TableSnapshot, Warehouse};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::api::{Fragment, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+use crate::api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
@@ -181,6 +181,12 @@ impl LocalStorageNode {
         let output = job.await.map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?;
         drop(cancel);
         output.map_err(DataFusionError::Execution)
+    }
+
+    /// The device profile's link, for a transport that paces what it sends itself (compressed
+    /// batches: see [`LinkCodec`]).
+    pub fn link_limiter(&self) -> Option<Arc<BandwidthLimiter>> {
+        self.link.clone()
     }
 
     /// The warehouse served.
@@ -513,6 +519,7 @@ impl StorageNode for LocalStorageNode {
         let queued_ns = started.elapsed().as_nanos() as u64;
 
         let ctx = self.state.task_ctx();
+        let fragment_codec = fragment.link_codec;
         let decoded = decode_fragment(&fragment, &ctx, self.resolver()).inspect_err(|_| {
             counters.fragments_rejected.fetch_add(1, Ordering::Relaxed);
         })?;
@@ -539,7 +546,8 @@ impl StorageNode for LocalStorageNode {
             rx,
             workers,
             _session: session,
-            link: self.link.clone(),
+            // A transport that compresses paces the link on the bytes it sends.
+            link: if fragment_codec == LinkCodec::None { self.link.clone() } else { None },
             plan,
             stats,
             cpu,
@@ -701,6 +709,7 @@ impl FragmentRun {
                 }
                 self.stats.rows_returned += batch.num_rows() as u64;
                 self.stats.bytes_returned += bytes;
+                self.stats.link_bytes += bytes;
                 Some(Ok(ScanMessage::Batch(batch)))
             }
             Some(Err(e)) => {

@@ -174,6 +174,29 @@ pub struct Calibration {
     pub plain_row_ns: f64,
     /// Selection over PLAIN pages: per selected row (its index, its share of a batch).
     pub plain_selected_row_ns: f64,
+    /// LZ4 compression of the Arrow IPC a node sends, per uncompressed byte (one thread).
+    pub lz4_compress_ns_per_byte: f64,
+    /// Undoing it on the receiving host, per uncompressed byte.
+    pub lz4_decompress_ns_per_byte: f64,
+    /// Bytes LZ4 leaves of one byte of Arrow IPC (measured on TPC-H `lineitem` batches).
+    pub lz4_ratio: f64,
+    /// ZSTD compression of the Arrow IPC a node sends, per uncompressed byte (one thread).
+    pub zstd_compress_ns_per_byte: f64,
+    /// Undoing it on the receiving host, per uncompressed byte.
+    pub zstd_decompress_ns_per_byte: f64,
+    /// Bytes ZSTD leaves of one byte of Arrow IPC (TPC-H `lineitem` batches).
+    pub zstd_ratio: f64,
+}
+
+impl Calibration {
+    /// (compress ns/byte, decompress ns/byte, size ratio) of a link codec.
+    pub fn link_codec_rates(&self, codec: crate::LinkCodec) -> (f64, f64, f64) {
+        match codec {
+            crate::LinkCodec::None => (0.0, 0.0, 1.0),
+            crate::LinkCodec::Lz4 => (self.lz4_compress_ns_per_byte, self.lz4_decompress_ns_per_byte, self.lz4_ratio),
+            crate::LinkCodec::Zstd => (self.zstd_compress_ns_per_byte, self.zstd_decompress_ns_per_byte, self.zstd_ratio),
+        }
+    }
 }
 
 impl Default for Calibration {
@@ -199,9 +222,21 @@ impl Default for Calibration {
             plain_page_ns: 3000.0,
             plain_row_ns: 1.1,
             plain_selected_row_ns: 2.7,
+            lz4_compress_ns_per_byte: LZ4_DEFAULTS.0,
+            lz4_decompress_ns_per_byte: LZ4_DEFAULTS.1,
+            lz4_ratio: LZ4_DEFAULTS.2,
+            zstd_compress_ns_per_byte: ZSTD_DEFAULTS.0,
+            zstd_decompress_ns_per_byte: ZSTD_DEFAULTS.1,
+            zstd_ratio: ZSTD_DEFAULTS.2,
         }
     }
 }
+
+/// LZ4's (compress ns/byte, decompress ns/byte, ratio) until `quarry calibrate` measures them:
+/// its figures on the development machine (2 cores, two runs within 2%).
+const LZ4_DEFAULTS: (f64, f64, f64) = (1.3, 0.47, 0.396);
+/// ZSTD's, likewise.
+const ZSTD_DEFAULTS: (f64, f64, f64) = (2.6, 0.81, 0.234);
 
 /// What a node tells the host about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
