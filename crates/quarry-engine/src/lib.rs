@@ -9,6 +9,7 @@
 pub mod accounting;
 pub mod cardinality;
 pub mod conjunct_order;
+pub mod decimal_arith;
 pub mod join_order;
 pub mod magic_set;
 pub mod output;

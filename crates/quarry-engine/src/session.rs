@@ -23,6 +23,7 @@ use crate::accounting::QueryStats;
 use crate::join_order::JoinOrderRule;
 use crate::magic_set::MagicSetRule;
 use crate::conjunct_order::ConjunctOrderRule;
+use crate::decimal_arith::DecimalArithRule;
 use crate::shared_subplan::SharedSubplanRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
@@ -132,6 +133,9 @@ impl QuarrySession {
         // Conjunct order before that: a pushed filter carries its order to the node.
         let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(ConjunctOrderRule), Arc::new(placement)];
         rules.extend(state.physical_optimizers().iter().cloned());
+        // Decimal arithmetic in 64 bits, on the host's operators (after placement: what goes to
+        // a node is DataFusion's own plan).
+        rules.push(Arc::new(DecimalArithRule));
         // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
         rules.push(Arc::new(SharedSubplanRule));
         let state = SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
