@@ -254,6 +254,21 @@ def test_warehouse_flag_positions_and_env(seq_warehouse, tmp_path):
     assert expected in proc.stdout
 
 
+def test_datafusion_options_from_the_environment(seq_warehouse):
+    """DataFusion's own convention: DATAFUSION_<SECTION>_<KEY> sets datafusion.<section>.<key>
+    (here a self-join planned as a sort-merge join instead of a hash join); a value the option
+    does not take is an error naming the variable."""
+    sql = "EXPLAIN select count(*) from seq a join seq b on a.id = b.id"
+    default = q.run_quarry(["sql", "--format", "csv", sql], seq_warehouse).stdout
+    assert "HashJoinExec" in default and "SortMergeJoin" not in default, default
+    merge = q.run_quarry(["sql", "--format", "csv", sql], seq_warehouse, env={"DATAFUSION_OPTIMIZER_PREFER_HASH_JOIN": "false"}).stdout
+    assert "SortMergeJoin" in merge and "HashJoinExec" not in merge, merge
+    bad = q.run_quarry(["sql", "--format", "csv", sql], seq_warehouse, check=False, env={"DATAFUSION_OPTIMIZER_PREFER_HASH_JOIN": "maybe"})
+    assert bad.returncode != 0
+    assert "DATAFUSION_OPTIMIZER_PREFER_HASH_JOIN=maybe" in bad.stderr, bad.stderr
+    assert_no_panic(bad.stderr)
+
+
 def test_threads_do_not_change_results(seq_warehouse, tmp_path):
     sql = "select grp, count(*), sum(val), min(note) from seq group by grp order by grp"
     one = q.quarry_query(seq_warehouse, sql, threads=1, out_dir=tmp_path)

@@ -70,6 +70,20 @@ fn tune_host(config: &mut SessionConfig) {
     optimizer.hash_join_inlist_pushdown_max_size = 1 << 20;
 }
 
+/// DataFusion options set by environment variables, DataFusion's own convention
+/// (`DATAFUSION_OPTIMIZER_PREFER_HASH_JOIN=false` sets `datafusion.optimizer.prefer_hash_join`),
+/// over Quarry's tuning: how a user or an experiment changes a knob without a rebuild.
+fn apply_environment(config: &mut SessionConfig) -> Result<()> {
+    for entry in config.options().entries() {
+        let variable = entry.key.to_uppercase().replace('.', "_");
+        if let Some(value) = std::env::var_os(&variable) {
+            let value = value.to_string_lossy();
+            config.options_mut().set(&entry.key, &value).map_err(|e| DataFusionError::Configuration(format!("environment variable {variable}={value}: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
 /// A SQL session over storage nodes.
 pub struct QuarrySession {
     ctx: SessionContext,
@@ -98,6 +112,7 @@ impl QuarrySession {
             .with_information_schema(true)
             .with_default_catalog_and_schema("quarry", "main");
         tune_host(&mut config);
+        apply_environment(&mut config)?;
         if let Some(limit) = options.memory_limit {
             // A sort holds back this much for merging its spilled runs; DataFusion's 10 MB would
             // leave a small budget nothing to sort with.
