@@ -490,9 +490,79 @@ pub fn plan_statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>>
     StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()
 }
 
-/// DataFusion's estimate of the rows a plan produces (0 when unknown).
+/// The rows a plan produces (0 when unknown): DataFusion's estimate, except through filters
+/// whose predicate is string ranges (see [`string_range_selectivity`]) and the projections
+/// above them.
 fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
+    if let Some(filter) = plan.downcast_ref::<FilterExec>() {
+        if let Some(selectivity) = string_range_selectivity(filter) {
+            return rows(filter.input()) * selectivity;
+        }
+    } else if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
+        return rows(projection.input());
+    }
     plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
+}
+
+/// The fraction of rows a filter of string range comparisons (`column <op> 'literal'`, `<`
+/// `<=` `>` `>=`, ANDed) passes, from the columns' min and max: each string is placed between
+/// them by its first bytes after their common prefix, as a base-256 fraction. DataFusion
+/// cannot place strings and assumes 20%, which sent SSB q2.2's part filter (8 brands of 1000,
+/// 0.8%) to the host as 4.8 MB of stored bytes. `None` for any other predicate.
+fn string_range_selectivity(filter: &FilterExec) -> Option<f64> {
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+    use datafusion::physical_expr::utils::split_conjunction;
+    let statistics = plan_statistics(filter.input())?;
+    let text = |value: &datafusion::common::ScalarValue| -> Option<String> {
+        match value {
+            datafusion::common::ScalarValue::Utf8(Some(s)) | datafusion::common::ScalarValue::Utf8View(Some(s)) | datafusion::common::ScalarValue::LargeUtf8(Some(s)) => Some(s.clone()),
+            _ => None,
+        }
+    };
+    // Per column: its (min, max) and the range the conjuncts leave, as fractions of it.
+    let mut ranges: HashMap<usize, (f64, f64)> = HashMap::new();
+    for conjunct in split_conjunction(filter.predicate()) {
+        let binary = conjunct.downcast_ref::<BinaryExpr>()?;
+        let (column, literal, op) = match (binary.left().downcast_ref::<Column>(), binary.right().downcast_ref::<Literal>()) {
+            (Some(c), Some(l)) => (c, l, *binary.op()),
+            _ => match (binary.right().downcast_ref::<Column>(), binary.left().downcast_ref::<Literal>()) {
+                (Some(c), Some(l)) => (c, l, binary.op().swap()?),
+                _ => return None,
+            },
+        };
+        let column_statistics = statistics.column_statistics.get(column.index())?;
+        let (min, max) = (text(column_statistics.min_value.get_value()?)?, text(column_statistics.max_value.get_value()?)?);
+        let value = text(literal.value())?;
+        let place = string_place(&min, &max, &value);
+        let range = ranges.entry(column.index()).or_insert((0.0, 1.0));
+        match op {
+            Operator::Lt | Operator::LtEq => range.1 = range.1.min(place),
+            Operator::Gt | Operator::GtEq => range.0 = range.0.max(place),
+            _ => return None,
+        }
+    }
+    let input_rows = statistics.num_rows.get_value().copied().unwrap_or(0).max(1) as f64;
+    // At least one row's worth: a range between two neighbouring values still holds some.
+    Some(ranges.values().map(|(low, high)| (high - low).max(0.0)).product::<f64>().max(1.0 / input_rows))
+}
+
+/// Where `value` lies between `min` and `max` (0 to 1, clamped), by its first 6 bytes after
+/// the prefix `min` and `max` share.
+fn string_place(min: &str, max: &str, value: &str) -> f64 {
+    let shared = min.bytes().zip(max.bytes()).take_while(|(a, b)| a == b).count();
+    let number = |s: &str| -> f64 {
+        let tail = s.as_bytes().get(shared..).unwrap_or_default();
+        (0..6).fold(0.0, |n, i| n * 256.0 + f64::from(tail.get(i).copied().unwrap_or(0)))
+    };
+    if value.as_bytes().get(..shared) != min.as_bytes().get(..shared) {
+        return if value < min { 0.0 } else { 1.0 };
+    }
+    let (low, high) = (number(min), number(max));
+    if high <= low {
+        return if value <= min { 0.0 } else { 1.0 };
+    }
+    ((number(value) - low) / (high - low)).clamp(0.0, 1.0)
 }
 
 /// Predicted CPU time of decoding the fragment's leaves, nanoseconds. A Parquet leaf alone is
@@ -580,4 +650,24 @@ pub fn row_width(schema: &Schema) -> f64 {
         })
         .sum::<f64>()
         .max(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::string_place;
+
+    #[test]
+    fn strings_are_placed_between_min_and_max_after_their_shared_prefix() {
+        // SSB's brands: 'MFGR#111' .. 'MFGR#5540'; q2.2 asks 'MFGR#2221' ..= 'MFGR#2228'.
+        let (low, high) = (string_place("MFGR#111", "MFGR#5540", "MFGR#2221"), string_place("MFGR#111", "MFGR#5540", "MFGR#2228"));
+        assert!(low > 0.2 && low < 0.3, "{low}");
+        assert!(high > low && high - low < 0.001, "{low} {high}");
+        assert_eq!(string_place("b", "d", "a"), 0.0);
+        assert_eq!(string_place("b", "d", "e"), 1.0);
+        assert_eq!(string_place("MFGR#1", "MFGR#5", "AAAA"), 0.0, "below the shared prefix");
+        assert_eq!(string_place("MFGR#1", "MFGR#5", "ZZZZ"), 1.0, "above the shared prefix");
+        assert_eq!(string_place("same", "same", "same"), 0.0);
+        let middle = string_place("a", "c", "b");
+        assert!((middle - 0.5).abs() < 0.01, "{middle}");
+    }
 }
