@@ -327,9 +327,10 @@ def test_auto_counts_the_pages_a_sparse_gather_touches(tmp_path):
         assert placed("SELECT * FROM w WHERE col1 < 100") == "storage"
 
 
-def test_string_ranges_are_estimated_from_min_and_max(tmp_path):
-    """SSB q2.2's part filter (8 brands of 1000) behind a 125 MB/s link: the cost model places
-    the brand range between the column's min and max, so EXPLAIN predicts the node sends a
+def test_string_filters_are_estimated_from_column_statistics(tmp_path):
+    """SSB q2.2's and q2.3's part filters (8 brands of 1000; one brand) behind a 125 MB/s link:
+    the cost model places the brand range between the column's min and max and an equality by
+    the column's distinct count, so EXPLAIN predicts the node sends a
     fraction of a MB (DataFusion assumes 20% of rows pass a string range), the filter runs on the
     node and the link carries the few rows that pass; the rows are DuckDB's."""
     src = tmp_path / "part.parquet"
@@ -341,20 +342,25 @@ def test_string_ranges_are_estimated_from_min_and_max(tmp_path):
     con.close()
     warehouse = tmp_path / "wh"
     q.run_quarry(["load", "part", str(src), "--format", "parquet"], warehouse)
-    sql = "SELECT p_partkey, p_brand1 FROM part WHERE p_brand1 >= 'MFGR#2221' AND p_brand1 <= 'MFGR#2228'"
-    with q.StorageNodes([warehouse], ["--link-mbps", "125"]) as node:
-        plan = q.run_quarry(["--nodes", node.arg, "sql", "--format", "csv", "EXPLAIN " + sql], warehouse).stdout
-        placed = re.search(r"placement: FilterExec on (\w+) \(cost\), predicted on storage ([\d.]+) MB over link", plan)
-        assert placed, plan
-        # 0.8% of 400K rows of (int, string): about 0.1 MB; DataFusion's 20% would be 2.6 MB.
-        assert placed.group(1) == "storage" and float(placed.group(2)) < 0.3, plan
-        out, stats = tmp_path / "brands.parquet", tmp_path / "brands.json"
-        q.run_quarry(["--nodes", node.arg, "sql", "--format", "parquet", "--output", str(out), "--stats", str(stats), sql], warehouse)
+    queries = [
+        "SELECT p_partkey, p_brand1 FROM part WHERE p_brand1 >= 'MFGR#2221' AND p_brand1 <= 'MFGR#2228'",
+        # one brand of the column's 1000 distinct values (its distinct count, from the sketch)
+        "SELECT p_partkey, p_brand1 FROM part WHERE p_brand1 = 'MFGR#2221'",
+    ]
     duck = q.duckdb_connect(warehouse, threads=2)
     try:
-        cmp = q.compare_query_results(sql, q.read_parquet_result(out), q.duckdb_result(duck, sql))
+        with q.StorageNodes([warehouse], ["--link-mbps", "125"]) as node:
+            for i, sql in enumerate(queries):
+                plan = q.run_quarry(["--nodes", node.arg, "sql", "--format", "csv", "EXPLAIN " + sql], warehouse).stdout
+                placed = re.search(r"placement: FilterExec on (\w+) \(cost\), predicted on storage ([\d.]+) MB over link", plan)
+                assert placed, plan
+                # 0.8% of 400K rows of (int, string): about 0.1 MB; DataFusion's 20% would be 2.6 MB.
+                assert placed.group(1) == "storage" and float(placed.group(2)) < 0.3, plan
+                out, stats = tmp_path / f"brands{i}.parquet", tmp_path / f"brands{i}.json"
+                q.run_quarry(["--nodes", node.arg, "sql", "--format", "parquet", "--output", str(out), "--stats", str(stats), sql], warehouse)
+                cmp = q.compare_query_results(sql, q.read_parquet_result(out), q.duckdb_result(duck, sql))
+                assert cmp, cmp
+                detail = json.loads(stats.read_text())
+                assert detail["bytes_over_link"] < detail["bytes_read_storage"] / 4, detail
     finally:
         duck.close()
-    assert cmp, cmp
-    detail = json.loads(stats.read_text())
-    assert detail["bytes_over_link"] < detail["bytes_read_storage"] / 4, detail

@@ -504,11 +504,12 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
     plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
 }
 
-/// The fraction of rows a filter of string range comparisons (`column <op> 'literal'`, `<`
-/// `<=` `>` `>=`, ANDed) passes, from the columns' min and max: each string is placed between
-/// them by its first bytes after their common prefix, as a base-256 fraction. DataFusion
-/// cannot place strings and assumes 20%, which sent SSB q2.2's part filter (8 brands of 1000,
-/// 0.8%) to the host as 4.8 MB of stored bytes. `None` for any other predicate.
+/// The fraction of rows a filter of string comparisons (`column <op> 'literal'`, `<` `<=` `>`
+/// `>=` `=`, ANDed) passes, from the columns' min, max and distinct count: a range's bounds are
+/// placed between min and max by their first bytes after the common prefix, as a base-256
+/// fraction; an equality keeps one distinct value. DataFusion cannot place strings and assumes
+/// 20%, which sent SSB q2.2's and q2.3's part filters (8 brands of 1000, and one) to the host
+/// as 4.8 MB of stored bytes. `None` for any other predicate.
 fn string_range_selectivity(filter: &FilterExec) -> Option<f64> {
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
@@ -522,6 +523,7 @@ fn string_range_selectivity(filter: &FilterExec) -> Option<f64> {
     };
     // Per column: its (min, max) and the range the conjuncts leave, as fractions of it.
     let mut ranges: HashMap<usize, (f64, f64)> = HashMap::new();
+    let mut equalities = 1.0;
     for conjunct in split_conjunction(filter.predicate()) {
         let binary = conjunct.downcast_ref::<BinaryExpr>()?;
         let (column, literal, op) = match (binary.left().downcast_ref::<Column>(), binary.right().downcast_ref::<Literal>()) {
@@ -539,12 +541,17 @@ fn string_range_selectivity(filter: &FilterExec) -> Option<f64> {
         match op {
             Operator::Lt | Operator::LtEq => range.1 = range.1.min(place),
             Operator::Gt | Operator::GtEq => range.0 = range.0.max(place),
+            // One value of the column's distinct ones (none if outside its min and max).
+            Operator::Eq => {
+                let distinct = *column_statistics.distinct_count.get_value()?;
+                equalities *= if value < min || value > max { 0.0 } else { 1.0 / distinct.max(1) as f64 };
+            }
             _ => return None,
         }
     }
     let input_rows = statistics.num_rows.get_value().copied().unwrap_or(0).max(1) as f64;
     // At least one row's worth: a range between two neighbouring values still holds some.
-    Some(ranges.values().map(|(low, high)| (high - low).max(0.0)).product::<f64>().max(1.0 / input_rows))
+    Some((equalities * ranges.values().map(|(low, high)| (high - low).max(0.0)).product::<f64>()).max(1.0 / input_rows))
 }
 
 /// Where `value` lies between `min` and `max` (0 to 1, clamped), by its first 6 bytes after
