@@ -511,13 +511,14 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
 /// 20%, which sent SSB q2.2's and q2.3's part filters (8 brands of 1000, and one) to the host
 /// as 4.8 MB of stored bytes. `None` for any other predicate.
 fn string_range_selectivity(filter: &FilterExec) -> Option<f64> {
+    use datafusion::common::ScalarValue;
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
     use datafusion::physical_expr::utils::split_conjunction;
     let statistics = plan_statistics(filter.input())?;
-    let text = |value: &datafusion::common::ScalarValue| -> Option<String> {
+    let text = |value: &ScalarValue| -> Option<String> {
         match value {
-            datafusion::common::ScalarValue::Utf8(Some(s)) | datafusion::common::ScalarValue::Utf8View(Some(s)) | datafusion::common::ScalarValue::LargeUtf8(Some(s)) => Some(s.clone()),
+            ScalarValue::Utf8(Some(s)) | ScalarValue::Utf8View(Some(s)) | ScalarValue::LargeUtf8(Some(s)) => Some(s.clone()),
             _ => None,
         }
     };
