@@ -491,11 +491,11 @@ pub fn plan_statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>>
 }
 
 /// The rows a plan produces (0 when unknown): DataFusion's estimate, except through filters
-/// whose predicate is string ranges (see [`string_range_selectivity`]) and the projections
-/// above them.
+/// whose predicate is string comparisons (see [`string_filter_selectivity`]) and the
+/// projections above them.
 fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
     if let Some(filter) = plan.downcast_ref::<FilterExec>() {
-        if let Some(selectivity) = string_range_selectivity(filter) {
+        if let Some(selectivity) = string_filter_selectivity(filter) {
             return rows(filter.input()) * selectivity;
         }
     } else if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
@@ -510,7 +510,7 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
 /// fraction; an equality keeps one distinct value. DataFusion cannot place strings and assumes
 /// 20%, which sent SSB q2.2's and q2.3's part filters (8 brands of 1000, and one) to the host
 /// as 4.8 MB of stored bytes. `None` for any other predicate.
-fn string_range_selectivity(filter: &FilterExec) -> Option<f64> {
+fn string_filter_selectivity(filter: &FilterExec) -> Option<f64> {
     use datafusion::common::ScalarValue;
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
