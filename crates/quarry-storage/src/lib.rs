@@ -18,6 +18,7 @@ pub mod plain_select;
 pub mod plan_metrics;
 pub mod profile;
 pub mod star;
+pub mod verified_store;
 
 pub use api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};

@@ -59,6 +59,7 @@ use crate::graph_job::{GraphJob, GraphJobOutput, run_graph_job};
 use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
+use crate::verified_store::VerifiedStore;
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
 
 /// Default device memory when a profile sets none.
@@ -74,7 +75,10 @@ pub struct LocalStorageNode {
     state: SessionState,
     profile: DeviceProfile,
     calibration: Calibration,
+    /// Reads of segment files, counted and throttled.
     store: Arc<ThrottledStore>,
+    /// The same reads, verified against the segments' checksums: every reader reads through it.
+    verified: Arc<VerifiedStore>,
     link: Option<Arc<BandwidthLimiter>>,
     device_threads: Arc<Semaphore>,
     sessions: Arc<Semaphore>,
@@ -82,6 +86,12 @@ pub struct LocalStorageNode {
     /// Segments that passthrough reads found in their version's manifest: their file and size
     /// (segments never change once committed, so a read need not parse the manifest again).
     stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
+}
+
+/// A segment file's path in the object store: the one form every reader and the checksum
+/// registry use (DataFusion's listing scan names local files the same way).
+fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
+    ObjectPath::from_absolute_path(file).map_err(|e| DataFusionError::Execution(format!("{}: {e}", file.display())))
 }
 
 /// Segments remembered for passthrough reads before the memo starts over.
@@ -127,7 +137,8 @@ impl LocalStorageNode {
         let local = runtime.object_store(ObjectStoreUrl::local_filesystem())?;
         let read_limit = profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
         let store = Arc::new(ThrottledStore::new(local, read_limit));
-        runtime.register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), Arc::clone(&store) as _);
+        let verified = Arc::new(VerifiedStore::new(Arc::clone(&store) as _));
+        runtime.register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), Arc::clone(&verified) as _);
         let state = SessionStateBuilder::new().with_config(config).with_runtime_env(runtime).with_default_features().build();
         let calibration = std::fs::read(warehouse.root().join(CALIBRATION_FILE))
             .ok()
@@ -145,6 +156,7 @@ impl LocalStorageNode {
             profile,
             calibration,
             store,
+            verified,
         })
     }
 
@@ -230,9 +242,7 @@ impl LocalStorageNode {
         let [segment] = select_segments(&snapshot, std::slice::from_ref(&read.segment))?[..] else {
             return internal_err!("one segment id selects one segment");
         };
-        check_segment_file(&snapshot, segment)?;
-        let file = snapshot.segment_path(segment);
-        let path = ObjectPath::from_absolute_path(&file).map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let path = self.admit_segment(&snapshot, segment)?;
         let mut memo = self.stored_segments.lock().expect("segments lock");
         if memo.len() >= STORED_SEGMENTS_REMEMBERED {
             memo.clear();
@@ -339,13 +349,11 @@ impl LocalStorageNode {
         let segments = kept
             .iter()
             .map(|s| {
-                let path = snapshot.segment_path(s);
-                let path = ObjectPath::from_filesystem_path(&path).map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
-                Ok(PlainSegment { path, size: s.bytes })
+                Ok(PlainSegment { path: object_path(&snapshot.segment_path(s))?, size: s.bytes })
             })
             .collect::<Result<Vec<_>>>()?;
         let threads = self.profile.threads();
-        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
         let select: Arc<dyn ExecutionPlan> = Arc::new(PlainSelectExec::try_new(segments, threads, leaf.schema(), Arc::clone(filter.predicate()), store)?);
         // A filter may carry the projection above it.
         Ok(Some(match filter.projection() {
@@ -373,7 +381,7 @@ impl LocalStorageNode {
         }
         let snapshot = self.leaf_snapshot(leaf)?;
         let Some(segments) = self.paged_segments(&snapshot, leaf, predicate, stats).await? else { return Ok(None) };
-        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
         let scan = StarScanExec::try_new(segments, self.profile.threads(), leaf.schema(), predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
         Ok(Some(Arc::new(scan)))
     }
@@ -390,7 +398,7 @@ impl LocalStorageNode {
         if segments.is_empty() {
             return Ok(Some(Arc::new(EmptyExec::new(filter.schema()))));
         }
-        let store = Arc::clone(&self.store) as Arc<dyn ObjectStore>;
+        let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
         let projection = filter.projection().as_ref().map(|p| p.to_vec());
         let select = PageSelectExec::try_new(segments, self.profile.threads(), leaf.schema(), Arc::clone(filter.predicate()), projection, store)?;
         Ok(Some(Arc::new(select)))
@@ -405,9 +413,8 @@ impl LocalStorageNode {
         let mut segments = Vec::with_capacity(kept.len());
         let mut footer_bytes = 0u64;
         for segment in &kept {
-            let path = snapshot.segment_path(segment);
-            let path = ObjectPath::from_filesystem_path(&path).map_err(|e| DataFusionError::Execution(format!("{}: {e}", path.display())))?;
-            match PagedSegment::open(self.store.as_ref(), path, segment.bytes, &columns).await? {
+            let path = object_path(&snapshot.segment_path(segment))?;
+            match PagedSegment::open(self.verified.as_ref(), path, segment.bytes, &columns).await? {
                 Ok((opened, bytes)) => {
                     footer_bytes += bytes;
                     segments.push(opened);
@@ -443,9 +450,20 @@ impl LocalStorageNode {
         stats.segments_pruned += (requested - kept.len()) as u64;
         stats.rows_scanned += kept.iter().map(|s| s.rows).sum::<u64>();
         for segment in &kept {
-            check_segment_file(snapshot, segment)?;
+            self.admit_segment(snapshot, segment)?;
         }
         Ok(kept)
+    }
+
+    /// Checks that a segment's file is there, whole, and has its reads verified against its
+    /// checksums from now on; its path in the object store.
+    fn admit_segment(&self, snapshot: &TableSnapshot, segment: &SegmentMeta) -> Result<ObjectPath> {
+        check_segment_file(snapshot, segment)?;
+        let file = snapshot.segment_path(segment);
+        let path = object_path(&file)?;
+        let shown = file.strip_prefix(self.warehouse.root()).unwrap_or(&file).to_path_buf();
+        self.verified.expect(&path, shown, &snapshot.manifest.table, segment);
+        Ok(path)
     }
 
     async fn parquet_scan(&self, snapshot: &TableSnapshot, segments: &[&SegmentMeta], schema: &SchemaRef, leaf: &ScanLeaf) -> Result<Arc<dyn ExecutionPlan>> {
@@ -579,7 +597,7 @@ impl StorageNode for LocalStorageNode {
                 link.consume(total).await;
             }
         };
-        let (bytes, ()) = tokio::join!(self.store.get_ranges(&path, &read.ranges), sending);
+        let (bytes, ()) = tokio::join!(self.verified.get_ranges(&path, &read.ranges), sending);
         let bytes = bytes.map_err(|e| DataFusionError::External(Box::new(e)))?;
         self.counters.stored_bytes_served.fetch_add(total, Ordering::Relaxed);
         Ok(bytes)

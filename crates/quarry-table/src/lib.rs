@@ -8,16 +8,20 @@
 //! This crate knows nothing of SQL or networking; the storage node reads tables through
 //! [`Warehouse`] and the loaders write them through [`TableWriter`].
 
+pub mod checksum;
 pub mod csv_import;
 pub mod error;
 pub mod ingest;
 pub mod manifest;
+pub mod scrub;
 pub mod segment;
 pub mod sketch;
 pub mod warehouse;
 
+pub use checksum::{BlockChecksums, DamagedBlock};
 pub use error::{Result, TableError};
 pub use manifest::{ColumnStats, Manifest, SegmentMeta, TableSchema};
+pub use scrub::{Damage, ScrubReport};
 pub use segment::{PageEncoding, SegmentOptions, SegmentWriter};
 pub use sketch::DistinctSketch;
 pub use warehouse::{TableSnapshot, TableWriter, Warehouse, WriteMode};

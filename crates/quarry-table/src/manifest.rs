@@ -11,6 +11,7 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
+use crate::checksum::BlockChecksums;
 use crate::error::{Result, TableError};
 use crate::segment::PageEncoding;
 
@@ -79,6 +80,10 @@ pub struct SegmentMeta {
     pub row_groups: u32,
     /// Per-column statistics, in schema order.
     pub columns: Vec<ColumnStats>,
+    /// CRC-32C of each block of the file, computed as it was written; absent in manifests
+    /// written before checksums existed (their reads are not verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksums: Option<BlockChecksums>,
 }
 
 /// Statistics of one column in one segment. `min`/`max` are valid bounds (possibly truncated for

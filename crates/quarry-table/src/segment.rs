@@ -16,6 +16,7 @@ use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
+use crate::checksum::ChecksumWriter;
 use crate::error::{Result, TableError};
 use crate::manifest::{ColumnStats, SegmentMeta, segment_relative_path};
 use crate::sketch::DistinctSketch;
@@ -83,7 +84,7 @@ pub struct SegmentWriter {
     id: String,
     path: PathBuf,
     schema: SchemaRef,
-    writer: Option<ArrowWriter<BufWriter<File>>>,
+    writer: Option<ArrowWriter<BufWriter<ChecksumWriter<File>>>>,
     rows: u64,
     /// Per column, its distinct values so far (`None` for types without a sketch).
     sketches: Vec<Option<DistinctSketch>>,
@@ -108,7 +109,7 @@ impl SegmentWriter {
                 .set_column_bloom_filter_enabled(ColumnPath::from(column.as_str()), true)
                 .set_column_bloom_filter_fpp(ColumnPath::from(column.as_str()), BLOOM_FILTER_FPP);
         }
-        let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema.clone(), Some(props.build()))
+        let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, ChecksumWriter::new(file)), schema.clone(), Some(props.build()))
             .map_err(|e| TableError::WriteSegment { path: path.clone(), reason: e.to_string() })?;
         let sketches = schema.fields().iter().map(|f| DistinctSketch::supports(f.data_type()).then(DistinctSketch::default)).collect();
         Ok(SegmentWriter { id, path, schema, writer: Some(writer), rows: 0, sketches })
@@ -155,10 +156,13 @@ impl SegmentWriter {
         let metadata = writer.finish().map_err(write_err)?;
         // `finish` wrote the footer; flush our buffer and make the file durable before any
         // manifest can name it.
-        let file = writer.inner_mut();
-        std::io::Write::flush(file).map_err(TableError::io("flushing", &self.path))?;
-        file.get_ref().sync_all().map_err(TableError::io("syncing", &self.path))?;
-        let bytes = file.get_ref().metadata().map_err(TableError::io("reading metadata of", &self.path))?.len();
+        let buffered = writer.inner_mut();
+        std::io::Write::flush(buffered).map_err(TableError::io("flushing", &self.path))?;
+        let checksums = buffered.get_ref().checksums();
+        let file = buffered.get_ref().get_ref();
+        file.sync_all().map_err(TableError::io("syncing", &self.path))?;
+        let bytes = file.metadata().map_err(TableError::io("reading metadata of", &self.path))?.len();
+        assert!(checksums.covers(bytes), "the checksums cover every byte written");
         let mut columns = column_stats(&metadata, &self.schema).map_err(|reason| TableError::WriteSegment {
             path: self.path.clone(),
             reason,
@@ -174,6 +178,7 @@ impl SegmentWriter {
             bytes,
             row_groups: metadata.num_row_groups() as u32,
             columns,
+            checksums: Some(checksums),
         };
         self.path = PathBuf::new(); // finished: keep the file
         Ok(meta)
