@@ -9,6 +9,7 @@ mod graph;
 mod load;
 mod progress;
 mod queries;
+mod scrub;
 mod serve;
 mod shell;
 mod sql;
@@ -78,6 +79,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure this machine's operator costs for the placement cost model.
     Calibrate(calibrate::CalibrateArgs),
+    /// Verify every segment of the tables against the checksums written with it.
+    Scrub(scrub::ScrubArgs),
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         Command::Graph(args) => graph::run(&target, args, threads, memory),
         Command::Serve(args) => serve::run(&target, args, threads),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
+        Command::Scrub(args) => with_runtime(threads, scrub::run(&target, args)),
     };
     if std::env::var_os("QUARRY_REPORT_PEAK_RSS").is_some() {
         // For memory tests: a parent process cannot measure this (a forked child's peak RSS

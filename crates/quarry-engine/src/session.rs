@@ -279,7 +279,7 @@ fn with_end_position(error: DataFusionError, sql: &str) -> DataFusionError {
 /// A one-line message for the user: the error's own words, without DataFusion's internal
 /// wrapping, with the position for syntax errors.
 pub fn user_message(error: &DataFusionError) -> String {
-    let message = raw_message(error);
+    let message = quarry_storage::verified_store::damage_message(error).unwrap_or_else(|| raw_message(error));
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

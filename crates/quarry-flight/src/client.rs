@@ -134,6 +134,10 @@ impl StorageNode for RemoteStorageNode {
         self.action_json(action::DESCRIBE, &()).await
     }
 
+    async fn scrub(&self, tables: Vec<String>) -> Result<quarry_table::ScrubReport> {
+        self.action_json(action::SCRUB, &tables).await
+    }
+
     async fn read_segment(&self, read: SegmentRead) -> Result<Vec<Bytes>> {
         let body = serde_json::to_vec(&read).expect("request serializes");
         let request = Action { r#type: action::READ_SEGMENT.into(), body: body.into() };

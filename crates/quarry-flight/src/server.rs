@@ -3,7 +3,7 @@
 //! - `do_get`: the ticket is a [`quarry_storage::Fragment`]; the response is its batches, then
 //!   one message carrying only `app_metadata`: the fragment's [`ScanStats`] as JSON. A stream
 //!   without that closing message is incomplete, and the host treats it as an error.
-//! - `do_action`: `list_tables`, `table_info`, `describe`, `read_segment` (stored bytes, for
+//! - `do_action`: `list_tables`, `table_info`, `describe`, `scrub`, `read_segment` (stored bytes, for
 //!   passthrough), `graph`, and the write transaction `begin_write` / `commit_write` /
 //!   `abort_write`.
 //! - `do_put`: one segment of a write in progress.
@@ -105,6 +105,9 @@ fn status(e: DataFusionError) -> Status {
 
 /// The error's own words, without DataFusion's nesting.
 fn quarry_message(e: &DataFusionError) -> String {
+    if let Some(damage) = quarry_storage::verified_store::damage_message(e) {
+        return damage;
+    }
     match e {
         DataFusionError::Context(_, inner) | DataFusionError::Diagnostic(_, inner) => quarry_message(inner),
         DataFusionError::Shared(inner) => quarry_message(inner),
@@ -265,6 +268,10 @@ impl FlightService for NodeService {
                 json(&TableInfoWire::from_info(&self.node.table_info(&table).await.map_err(status)?))?
             }
             action::DESCRIBE => json(&self.node.describe().await.map_err(status)?)?,
+            action::SCRUB => {
+                let tables: Vec<String> = parse(body, "scrub")?;
+                json(&self.node.scrub(tables).await.map_err(status)?)?
+            }
             action::GRAPH => {
                 let job: GraphJob = parse(body, "graph")?;
                 json(&self.node.run_graph_job(job).await.map_err(status)?)?
@@ -307,6 +314,7 @@ impl FlightService for NodeService {
             action::COMMIT_WRITE,
             action::ABORT_WRITE,
             action::GRAPH,
+            action::SCRUB,
         ]
             .map(|name| Ok(ActionType { r#type: name.into(), description: String::new() }));
         Ok(Response::new(futures::stream::iter(actions).boxed()))

@@ -34,6 +34,8 @@ pub mod action {
     /// Stored bytes of a segment (`quarry_storage::SegmentRead`, passthrough); the answer is
     /// the ranges' bytes in order, in results of at most [`super::STORED_BYTES_CHUNK`] bytes.
     pub const READ_SEGMENT: &str = "read_segment";
+    /// Verify tables' segments against their checksums (`quarry_table::ScrubReport`).
+    pub const SCRUB: &str = "scrub";
 }
 
 /// The first byte of a `do_get` ticket: what follows is the link codec's tag and a fragment.

@@ -349,6 +349,9 @@ pub trait StorageNode: Debug + Send + Sync {
     /// Reads stored bytes of a segment (one `Bytes` per range, in order), through the device's
     /// read bandwidth and the link, as a plain storage device would serve them.
     async fn read_segment(&self, read: SegmentRead) -> Result<Vec<bytes::Bytes>>;
+    /// Reads every segment of every retained version of `tables` (all if empty) and checks it
+    /// against its recorded checksums, at the device's read bandwidth.
+    async fn scrub(&self, tables: Vec<String>) -> Result<quarry_table::ScrubReport>;
 }
 
 /// Bytes of a batch's Arrow buffers as it would cross a link: the bytes its (possibly sliced)

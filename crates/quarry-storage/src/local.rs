@@ -46,7 +46,7 @@ use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use quarry_graph::Cancel;
-use quarry_table::{PageEncoding, SegmentMeta, TableSnapshot, Warehouse};
+use quarry_table::{PageEncoding, ScrubReport, SegmentMeta, TableSnapshot, Warehouse};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -92,6 +92,20 @@ pub struct LocalStorageNode {
 /// registry use (DataFusion's listing scan names local files the same way).
 fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
     ObjectPath::from_absolute_path(file).map_err(|e| DataFusionError::Execution(format!("{}: {e}", file.display())))
+}
+
+/// Scrubs `tables` of `warehouse` on a blocking thread, each block read within `limit`.
+async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Arc<BandwidthLimiter>>) -> Result<ScrubReport> {
+    let runtime = tokio::runtime::Handle::current();
+    let scrub = tokio::task::spawn_blocking(move || {
+        let mut pace = |bytes: u64| {
+            if let Some(limit) = &limit {
+                runtime.block_on(limit.consume(bytes));
+            }
+        };
+        warehouse.scrub(&tables, &mut pace)
+    });
+    scrub.await.map_err(|e| DataFusionError::Execution(format!("scrub failed: {e}")))?.map_err(table_error)
 }
 
 /// Segments remembered for passthrough reads before the memo starts over.
@@ -521,6 +535,11 @@ impl StorageNode for LocalStorageNode {
 
     async fn table_info(&self, table: &str) -> Result<TableInfo> {
         Ok(table_info(&self.warehouse.table(table).map_err(table_error)?))
+    }
+
+    async fn scrub(&self, tables: Vec<String>) -> Result<ScrubReport> {
+        let limit = self.profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
+        scrub_paced(self.warehouse.clone(), tables, limit).await
     }
 
     async fn describe(&self) -> Result<NodeDescription> {

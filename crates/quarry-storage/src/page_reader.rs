@@ -379,11 +379,11 @@ pub async fn read_footer(store: &dyn ObjectStore, path: &ObjectPath, size: u64) 
     let failed = |e: String| DataFusionError::Execution(format!("reading {path}: {e}"));
     let short = || failed(format!("{size} bytes is too short for a Parquet file"));
     let tail_start = size.checked_sub(TAIL).ok_or_else(short)?;
-    let tail = store.get_range(path, tail_start..size).await.map_err(|e| failed(e.to_string()))?;
+    let tail = store.get_range(path, tail_start..size).await.map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
     let tail: [u8; TAIL as usize] = tail[..].try_into().map_err(|_| short())?;
     let footer = FooterTail::try_new(&tail).map_err(|e| failed(e.to_string()))?;
     let start = tail_start.checked_sub(footer.metadata_length() as u64).ok_or_else(short)?;
-    let bytes = store.get_range(path, start..tail_start).await.map_err(|e| failed(e.to_string()))?;
+    let bytes = store.get_range(path, start..tail_start).await.map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
     let metadata = ParquetMetaDataReader::decode_metadata(&bytes).map_err(|e| failed(e.to_string()))?;
     Ok((metadata, TAIL + bytes.len() as u64))
 }

@@ -77,7 +77,7 @@ impl PagedSegment {
             let range = leaf_index(&self.metadata, name).map(|index| metadata.column(index).byte_range());
             async move {
                 let (start, length) = range.ok_or_else(|| DataFusionError::Execution(format!("{}: no column '{name}'", self.path)))?;
-                let bytes = store.get_range(&self.path, start..start + length).await.map_err(|e| DataFusionError::Execution(format!("reading {}: {e}", self.path)))?;
+                let bytes = store.get_range(&self.path, start..start + length).await.map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
                 Ok((c, bytes))
             }
         });

@@ -264,7 +264,7 @@ impl SelectJob {
         stream::iter(chunks)
             .map(move |chunk| async move {
                 let (start, length) = chunk.byte_range();
-                let bytes = self.store.get_range(&file.path, start..start + length).await.map_err(|e| DataFusionError::Execution(format!("reading {}: {e}", file.path)))?;
+                let bytes = self.store.get_range(&file.path, start..start + length).await.map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
                 self.bytes_scanned.add(bytes.len());
                 Ok(bytes)
             })

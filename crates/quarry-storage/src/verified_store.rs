@@ -25,6 +25,22 @@ use quarry_table::{BlockChecksums, SegmentMeta};
 /// Segment files remembered before the map starts over (each is re-registered when next used).
 const SEGMENTS_REMEMBERED: usize = 100_000;
 
+/// The `store` a checksum failure names in its `object_store::Error::Generic`.
+const CHECKSUM_STORE: &str = "checksum";
+
+/// The words of a checksum failure carried inside `error` (through the readers, DataFusion and
+/// the storage node's layers), if that is what it is: table, file and bytes, nothing else.
+pub fn damage_message(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(object_store::Error::Generic { store: CHECKSUM_STORE, source }) = e.downcast_ref::<object_store::Error>() {
+            return Some(source.to_string());
+        }
+        current = e.source();
+    }
+    None
+}
+
 /// What a segment file must hold.
 #[derive(Debug)]
 struct Recorded {
@@ -44,7 +60,7 @@ impl Recorded {
             bytes.end,
             self.table
         );
-        object_store::Error::Generic { store: "checksum", source: reason.into() }
+        object_store::Error::Generic { store: CHECKSUM_STORE, source: reason.into() }
     }
 
     /// Verifies `data`, read from the aligned range `read`, and cuts out `wanted`.

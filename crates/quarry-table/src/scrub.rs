@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::checksum::CHECKSUM_BLOCK_BYTES;
 use crate::error::{Result, TableError};
 use crate::manifest::parse_manifest_file_name;
-use crate::warehouse::Warehouse;
+use crate::segment::SegmentOptions;
+use crate::warehouse::{Warehouse, WriteMode};
 
 /// What a scrub found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +71,20 @@ impl Warehouse {
             report.tables.push(name.clone());
         }
         Ok(report)
+    }
+
+    /// Gives the segments of `table` that have no checksums (written before checksums
+    /// existed) checksums of their current bytes, committed as a new version; how many.
+    pub fn record_missing_checksums(&self, table: &str) -> Result<usize> {
+        let current = self.table(table)?;
+        let manifest = &current.manifest;
+        let options = SegmentOptions { bloom_filter_columns: manifest.bloom_filter_columns.clone(), page_encoding: manifest.page_encoding };
+        let mut writer = self.begin_write(table, &current.schema, WriteMode::Append, options, manifest.sort_key.clone())?;
+        let recorded = writer.record_missing_checksums()?;
+        if recorded > 0 {
+            writer.commit(Vec::new(), Vec::new())?;
+        }
+        Ok(recorded)
     }
 
     fn scrub_table(&self, name: &str, pace: &mut dyn FnMut(u64), report: &mut ScrubReport) -> Result<()> {

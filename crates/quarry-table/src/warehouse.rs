@@ -27,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use arrow::datatypes::SchemaRef;
 
+use crate::checksum::BlockChecksums;
 use crate::error::{Result, TableError};
 use crate::manifest::{
     MANIFEST_FORMAT_VERSION, Manifest, SegmentMeta, TableSchema, manifest_file_name, parse_manifest_file_name,
@@ -258,6 +259,24 @@ impl TableWriter {
         let seq = self.segment_seq.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}-{seq:06}", self.id_prefix);
         SegmentWriter::create(&self.dir, id, self.schema.clone(), &self.options)
+    }
+
+    /// Records block checksums for the existing segments that have none (written before
+    /// checksums existed), from their bytes as they are now; they are part of the next commit.
+    /// Returns how many segments gained checksums.
+    pub fn record_missing_checksums(&mut self) -> Result<usize> {
+        let Some(base) = &mut self.base else { return Ok(0) };
+        let mut recorded = 0;
+        for segment in base.segments.iter_mut().filter(|s| s.checksums.is_none()) {
+            let path = self.dir.join(&segment.path);
+            let checksums = BlockChecksums::of_file(&path).map_err(TableError::io("reading", &path))?;
+            if !checksums.covers(segment.bytes) {
+                return Err(TableError::CorruptSegment { path, reason: format!("its size differs from the {} bytes the manifest says", segment.bytes) });
+            }
+            segment.checksums = Some(checksums);
+            recorded += 1;
+        }
+        Ok(recorded)
     }
 
     /// Commits `segments` (in table order) as the table's next version.
