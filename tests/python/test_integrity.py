@@ -127,3 +127,15 @@ def test_segments_without_checksums_can_be_given_them(tpch_copy):
     assert q.run_quarry(["scrub", "lineitem"], tpch_copy, check=False).returncode == 1
     cmp = q.compare_with_duckdb(tpch_copy, "SELECT count(*) FROM lineitem")
     assert cmp, cmp
+
+
+def test_scrub_checks_graph_files(warehouse):
+    q.run_quarry(["graph", "gen", "kron", "g", "--scale", "10", "--memory", "64MB"], warehouse)
+    clean = q.run_quarry(["scrub"], warehouse)
+    assert "0 tables and 1 graphs" in clean.stdout and "0 damaged, 0 without checksums" in clean.stdout, clean.stdout
+    edges = warehouse / ".graphs" / "g" / "in.edges"
+    _flip(edges, edges.stat().st_size // 2)
+    scrub = q.run_quarry(["scrub"], warehouse, check=False)
+    assert scrub.returncode == 1, scrub.stdout + scrub.stderr
+    damaged = [line for line in scrub.stdout.splitlines() if line.startswith("damaged")]
+    assert len(damaged) == 1 and damaged[0].startswith("damaged\tg\t.graphs/g/in.edges: its CRC-32C is"), scrub.stdout

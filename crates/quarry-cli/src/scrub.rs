@@ -9,10 +9,10 @@ use quarry_table::{ScrubReport, Warehouse};
 use crate::CliResult;
 use crate::target::Target;
 
-/// Arguments of `quarry scrub`.
+/// Arguments of `quarry scrub`. With no table named, the graphs are scrubbed too.
 #[derive(Debug, clap::Args)]
 pub struct ScrubArgs {
-    /// Tables to scrub (default: every table).
+    /// Tables to scrub (default: every table and every graph).
     tables: Vec<String>,
     /// Print the report as JSON instead of text.
     #[arg(long)]
@@ -48,22 +48,20 @@ pub async fn run(target: &Target, args: ScrubArgs) -> CliResult {
     let mut report = ScrubReport::default();
     let mut found = vec![false; args.tables.len()];
     for node in &nodes {
-        // A node scrubs the named tables it holds; a name no node holds is an error.
-        let held = node.list_tables().await.map_err(|e| user_message(&e))?;
-        let tables: Vec<String> = if args.tables.is_empty() {
-            held
-        } else {
-            let mut tables = Vec::new();
+        // With no names a node scrubs all it holds, graphs too; else the named tables it
+        // holds (a name no node holds is an error).
+        let mut tables = Vec::new();
+        if !args.tables.is_empty() {
+            let held = node.list_tables().await.map_err(|e| user_message(&e))?;
             for (name, found) in args.tables.iter().zip(found.iter_mut()) {
                 if held.contains(name) {
                     *found = true;
                     tables.push(name.clone());
                 }
             }
-            tables
-        };
-        if tables.is_empty() {
-            continue;
+            if tables.is_empty() {
+                continue;
+            }
         }
         let mut scrubbed = node.scrub(tables).await.map_err(|e| user_message(&e))?;
         if target.is_remote() {
@@ -76,18 +74,21 @@ pub async fn run(target: &Target, args: ScrubArgs) -> CliResult {
     if let Some((missing, _)) = args.tables.iter().zip(&found).find(|(_, found)| !**found) {
         return Err(format!("no table '{missing}' to scrub"));
     }
-    report.tables.sort();
-    report.tables.dedup();
+    for names in [&mut report.tables, &mut report.graphs] {
+        names.sort();
+        names.dedup();
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
     } else {
         for damage in &report.damage {
             let bytes = damage.bytes.as_ref().map(|b| format!(" bytes {}..{}", b.start, b.end)).unwrap_or_default();
-            println!("damaged\t{}\t{}{bytes}: {}", damage.table, damage.file.display(), damage.reason);
+            println!("damaged\t{}\t{}{bytes}: {}", damage.name, damage.file.display(), damage.reason);
         }
         println!(
-            "scrubbed {} tables: {} segment files, {:.1} MB verified in {:.2} s; {} damaged, {} without checksums",
+            "scrubbed {} tables and {} graphs: {} files, {:.1} MB verified in {:.2} s; {} damaged, {} without checksums",
             report.tables.len(),
+            report.graphs.len(),
             report.files_verified,
             report.bytes_verified as f64 / 1e6,
             started.elapsed().as_secs_f64(),

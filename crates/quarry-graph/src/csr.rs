@@ -24,7 +24,13 @@
 //! id_width 4
 //! weighted 0
 //! reverse 1
+//! crc32c out.index 8d1e0f4a
+//! crc32c out.edges 1b77c2e9
+//! ...
 //! ```
+//!
+//! The `crc32c` lines (one per file, computed from the finished files when `meta` is written;
+//! absent in graphs written before they existed) let `quarry scrub` find damaged files.
 //!
 //! The id width is 4 (u32) whenever `V <= 2^32` (every id then fits), 8 otherwise. Halving the
 //! edge file is worth the branch: the edge file is most of the graph's bytes and every superstep
@@ -47,6 +53,7 @@
 //! inside the graph, renames them in, then replaces `meta` (write `meta.tmp`, fsync, rename):
 //! until `meta` says `reverse 1`, `in.*` files are ignored.
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -198,6 +205,10 @@ impl GraphMeta {
                 }
                 "weighted" => weighted = Some(flag()?),
                 "reverse" => reverse = Some(flag()?),
+                // Whole-file checksums, read by `scrub`; checked for form here.
+                CHECKSUM_KEY => {
+                    parse_checksum(value).ok_or_else(|| bad(format!("malformed checksum line '{line}'")))?;
+                }
                 // Unknown keys are an error: a newer format must not be half-understood.
                 _ => return Err(bad(format!("unknown key '{key}'"))),
             }
@@ -219,6 +230,13 @@ impl GraphMeta {
         Ok(meta)
     }
 
+    /// The files the graph consists of (besides `meta`), by name.
+    fn files(&self) -> Vec<(String, CsrFile)> {
+        let directions: &[Direction] = if self.has_reverse { &[Direction::Out, Direction::In] } else { &[Direction::Out] };
+        let files: &[CsrFile] = if self.weighted { &[CsrFile::Index, CsrFile::Edges, CsrFile::Weights] } else { &[CsrFile::Index, CsrFile::Edges] };
+        directions.iter().flat_map(|&d| files.iter().map(move |&f| (csr_file_name(d, f), f))).collect()
+    }
+
     /// Expected size of each file of `direction`.
     fn expected_len(&self, file: CsrFile) -> u64 {
         match file {
@@ -230,14 +248,101 @@ impl GraphMeta {
 }
 
 /// Writes `meta` durably: `meta.tmp`, fsync, rename over `meta`. The caller syncs the directory.
+/// The header also records the CRC-32C of each file it names (`crc32c out.edges 1a2b3c4d`),
+/// read back from the finished files, for `scrub`.
 pub(crate) fn write_meta(dir: &Path, meta: &GraphMeta) -> Result<()> {
     let tmp = dir.join("meta.tmp");
     let path = dir.join(META_FILE);
     let _ = fs::remove_file(&tmp);
+    let mut text = meta.to_text();
+    for (name, _) in meta.files() {
+        let file = dir.join(&name);
+        let crc = file_crc32c(&file, &mut |_| {}).map_err(|e| Error::io("reading", &file, e))?;
+        text.push_str(&format!("{CHECKSUM_KEY} {name} {crc:08x}\n"));
+    }
     let mut writer = RecordWriter::create(&tmp, 4096)?;
-    writer.write(meta.to_text().as_bytes())?;
+    writer.write(text.as_bytes())?;
     writer.finish(true)?;
     fs::rename(&tmp, &path).map_err(|e| Error::io("renaming", &tmp, e))
+}
+
+/// The header key of a file's checksum.
+const CHECKSUM_KEY: &str = "crc32c";
+
+/// `FILE HEX` of a checksum line.
+fn parse_checksum(value: &str) -> Option<(&str, u32)> {
+    let (file, hex) = value.trim().split_once(' ')?;
+    Some((file, u32::from_str_radix(hex.trim(), 16).ok()?))
+}
+
+/// CRC-32C of a whole file, read in blocks; `pace(bytes)` after each.
+fn file_crc32c(path: &Path, pace: &mut dyn FnMut(u64)) -> std::io::Result<u32> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut buffer = vec![0u8; 1 << 16];
+    let mut crc = 0u32;
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            return Ok(crc);
+        }
+        crc = crc32c::crc32c_append(crc, &buffer[..n]);
+        pace(n as u64);
+    }
+}
+
+/// What scrubbing one graph found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GraphScrub {
+    /// Files read and checked against their recorded checksums.
+    pub files_verified: u64,
+    /// Bytes of them.
+    pub bytes_verified: u64,
+    /// Whether the header records no checksums (a graph written before they existed).
+    pub unverifiable: bool,
+    /// Damaged files (names within the graph directory) and what is wrong with each.
+    pub damage: Vec<(String, String)>,
+}
+
+/// Reads every file of the graph at `dir` and checks it against the checksums its header
+/// recorded (and its size against the header's counts); `pace(bytes)` after each block read.
+pub fn scrub(dir: &Path, pace: &mut dyn FnMut(u64)) -> Result<GraphScrub> {
+    let meta_path = dir.join(META_FILE);
+    let mut found = GraphScrub::default();
+    let text = match fs::read_to_string(&meta_path) {
+        Ok(text) => text,
+        Err(e) => {
+            found.damage.push((META_FILE.into(), format!("cannot be read: {e}")));
+            return Ok(found);
+        }
+    };
+    let meta = match GraphMeta::parse(&text, &meta_path) {
+        Ok(meta) => meta,
+        Err(e) => {
+            found.damage.push((META_FILE.into(), e.to_string()));
+            return Ok(found);
+        }
+    };
+    let recorded: HashMap<&str, u32> = text.lines().filter_map(|l| parse_checksum(l.strip_prefix(CHECKSUM_KEY)?)).collect();
+    found.unverifiable = recorded.is_empty();
+    for (name, kind) in meta.files() {
+        let path = dir.join(&name);
+        let expected_len = meta.expected_len(kind);
+        match fs::metadata(&path) {
+            Err(e) => found.damage.push((name, format!("cannot be opened: {e}"))),
+            Ok(m) if m.len() != expected_len => found.damage.push((name, format!("{} bytes on disk, the header implies {expected_len}", m.len()))),
+            Ok(m) => {
+                let Some(&expected) = recorded.get(name.as_str()) else { continue };
+                let crc = file_crc32c(&path, pace).map_err(|e| Error::io("reading", &path, e))?;
+                if crc != expected {
+                    found.damage.push((name, format!("its CRC-32C is {crc:08x}, {expected:08x} was recorded when it was written")));
+                }
+                found.files_verified += 1;
+                found.bytes_verified += m.len();
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// An opened graph directory (only the header is read on open).
@@ -1132,5 +1237,40 @@ mod tests {
         let w = GraphWriter::create(dir.path().join("h"), 2, IdWidth::U32, false, false).unwrap();
         drop(w);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn scrub_checks_every_file_against_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("g");
+        let mut w = GraphWriter::create(&dest, 1000, IdWidth::U32, true, false).unwrap();
+        for v in 0..999u64 {
+            w.push(v, v + 1, v as f32).unwrap();
+        }
+        let mut g = w.finish().unwrap();
+        let options = crate::ImportOptions { memory_bytes: 1 << 20, ..Default::default() };
+        g.build_reverse(&options).unwrap();
+        let mut paced = 0;
+        let clean = scrub(&dest, &mut |n| paced += n).unwrap();
+        assert_eq!((clean.files_verified, clean.damage.len(), clean.unverifiable), (6, 0, false), "{clean:?}");
+        assert_eq!(paced, clean.bytes_verified);
+        // One flipped bit in the reverse graph's edges.
+        let edges = dest.join("in.edges");
+        let mut bytes = fs::read(&edges).unwrap();
+        bytes[100] ^= 1;
+        fs::write(&edges, &bytes).unwrap();
+        let found = scrub(&dest, &mut |_| {}).unwrap();
+        assert_eq!(found.damage.len(), 1, "{found:?}");
+        assert_eq!(found.damage[0].0, "in.edges");
+        // A short file is reported by its size; a header without checksums is unverifiable.
+        fs::write(&edges, &bytes[..8]).unwrap();
+        assert!(scrub(&dest, &mut |_| {}).unwrap().damage[0].1.contains("bytes on disk"));
+        let meta = dest.join(META_FILE);
+        let text: String = fs::read_to_string(&meta).unwrap().lines().filter(|l| !l.starts_with("crc32c")).map(|l| format!("{l}\n")).collect();
+        fs::write(&meta, text).unwrap();
+        fs::write(&edges, &bytes).unwrap();
+        let legacy = scrub(&dest, &mut |_| {}).unwrap();
+        assert!(legacy.unverifiable && legacy.damage.is_empty() && legacy.files_verified == 0, "{legacy:?}");
+        Graph::open(&dest).unwrap();
     }
 }

@@ -54,7 +54,7 @@ pub mod import;
 mod io;
 pub mod kronecker;
 
-pub use csr::{Adjacency, Direction, EdgeIter, Graph, GraphMeta, GraphWriter, IdWidth};
+pub use csr::{Adjacency, Direction, EdgeIter, Graph, GraphMeta, GraphScrub, GraphWriter, IdWidth, scrub};
 pub use engine::{
     Cancel, Edge, Engine, EngineConfig, Frontier, Mode, Progress, ProgressEvent, RunStats, Start, StepContext,
     SuperstepStats, VertexProgram, VertexValues,

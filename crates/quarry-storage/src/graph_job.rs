@@ -17,7 +17,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use quarry_graph::algorithms::{PageRankOptions, UNREACHED, bfs, betweenness, connected_components, pagerank, sample_sources, sssp};
 use quarry_graph::{Cancel, EngineConfig, Graph, ImportOptions, KroneckerParams, Progress, RunStats, generate_kronecker};
 use quarry_table::ingest::write_batches;
-use quarry_table::{SegmentOptions, TableError, Warehouse, WriteMode};
+use quarry_table::{Damage, ScrubReport, SegmentOptions, TableError, Warehouse, WriteMode};
 use serde::{Deserialize, Serialize};
 
 /// The algorithms a job can run.
@@ -270,8 +270,8 @@ impl GraphHome {
         ImportOptions::default().with_memory_bytes(memory).with_threads(threads).with_temp_dir(&self.temp).with_reverse(true).with_overwrite(true)
     }
 
-    /// The graphs, sorted by name.
-    pub fn list(&self) -> Result<Vec<(String, u64, u64, bool)>, String> {
+    /// Names of the graphs, sorted.
+    fn names(&self) -> Result<Vec<String>, String> {
         let mut names: Vec<String> = std::fs::read_dir(&self.dir)
             .map_err(|e| format!("listing {}: {e}", self.dir.display()))?
             .filter_map(|e| e.ok())
@@ -279,7 +279,30 @@ impl GraphHome {
             .filter(|n| !n.starts_with('.'))
             .collect();
         names.sort();
-        names
+        Ok(names)
+    }
+
+    /// Reads every file of every graph and checks it against the checksums its header
+    /// recorded, adding what it finds to `report`; `pace(bytes)` after each block read.
+    pub fn scrub(&self, pace: &mut dyn FnMut(u64), report: &mut ScrubReport) -> Result<(), String> {
+        for name in self.names()? {
+            let dir = self.dir.join(&name);
+            let found = quarry_graph::scrub(&dir, pace).map_err(|e| e.to_string())?;
+            let relative = |file: &str| std::path::Path::new(".graphs").join(&name).join(file);
+            if found.unverifiable {
+                report.unverifiable.push(relative(quarry_graph::csr::META_FILE));
+            }
+            report.files_verified += found.files_verified;
+            report.bytes_verified += found.bytes_verified;
+            report.damage.extend(found.damage.into_iter().map(|(file, reason)| Damage { name: name.clone(), file: relative(&file), bytes: None, reason }));
+            report.graphs.push(name);
+        }
+        Ok(())
+    }
+
+    /// The graphs, sorted by name.
+    pub fn list(&self) -> Result<Vec<(String, u64, u64, bool)>, String> {
+        self.names()?
             .into_iter()
             .map(|name| {
                 let graph = self.graph(&name)?;

@@ -55,7 +55,7 @@ use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
-use crate::graph_job::{GraphJob, GraphJobOutput, run_graph_job};
+use crate::graph_job::{GraphHome, GraphJob, GraphJobOutput, run_graph_job};
 use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
@@ -103,9 +103,13 @@ async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Ar
                 runtime.block_on(limit.consume(bytes));
             }
         };
-        warehouse.scrub(&tables, &mut pace)
+        let mut report = warehouse.scrub(&tables, &mut pace).map_err(table_error)?;
+        if tables.is_empty() {
+            GraphHome::open(&warehouse).and_then(|graphs| graphs.scrub(&mut pace, &mut report)).map_err(DataFusionError::Execution)?;
+        }
+        Ok(report)
     });
-    scrub.await.map_err(|e| DataFusionError::Execution(format!("scrub failed: {e}")))?.map_err(table_error)
+    scrub.await.map_err(|e| DataFusionError::Execution(format!("scrub failed: {e}")))?
 }
 
 /// Segments remembered for passthrough reads before the memo starts over.

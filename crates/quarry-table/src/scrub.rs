@@ -22,7 +22,10 @@ use crate::warehouse::{Warehouse, WriteMode};
 pub struct ScrubReport {
     /// Tables scrubbed.
     pub tables: Vec<String>,
-    /// Segment files read and verified.
+    /// Graphs scrubbed.
+    #[serde(default)]
+    pub graphs: Vec<String>,
+    /// Files (segments and graph files) read and verified.
     pub files_verified: u64,
     /// Bytes of them.
     pub bytes_verified: u64,
@@ -36,8 +39,8 @@ pub struct ScrubReport {
 /// One damaged file, or one damaged byte range of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Damage {
-    /// Table the file belongs to.
-    pub table: String,
+    /// The table or graph the file belongs to.
+    pub name: String,
     /// The file, relative to the warehouse.
     pub file: PathBuf,
     /// The damaged bytes, when the damage is within the file.
@@ -50,6 +53,7 @@ impl ScrubReport {
     /// Adds another node's (or table's) findings.
     pub fn merge(&mut self, other: ScrubReport) {
         self.tables.extend(other.tables);
+        self.graphs.extend(other.graphs);
         self.files_verified += other.files_verified;
         self.bytes_verified += other.bytes_verified;
         self.unverifiable.extend(other.unverifiable);
@@ -100,7 +104,7 @@ impl Warehouse {
             let snapshot = match self.table_version(name, version) {
                 Ok(snapshot) => snapshot,
                 Err(TableError::CorruptManifest { path, reason }) => {
-                    report.damage.push(Damage { table: name.into(), file: relative(&path), bytes: None, reason });
+                    report.damage.push(Damage { name: name.into(), file: relative(&path), bytes: None, reason });
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -110,7 +114,7 @@ impl Warehouse {
                     continue;
                 }
                 let path = snapshot.segment_path(segment);
-                let damage = |bytes, reason| Damage { table: name.into(), file: relative(&path), bytes, reason };
+                let damage = |bytes, reason| Damage { name: name.into(), file: relative(&path), bytes, reason };
                 let file = match File::open(&path) {
                     Ok(file) => file,
                     Err(e) => {

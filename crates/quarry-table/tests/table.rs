@@ -245,7 +245,7 @@ fn scrub_finds_exactly_the_damaged_block() {
     let damage = &report.damage[0];
     let block = quarry_table::checksum::CHECKSUM_BLOCK_BYTES;
     let start = at as u64 / block * block;
-    assert_eq!((damage.table.as_str(), damage.bytes.clone()), ("t", Some(start..start + block)));
+    assert_eq!((damage.name.as_str(), damage.bytes.clone()), ("t", Some(start..start + block)));
     assert_eq!(damage.file, std::path::Path::new("t").join(&segment.path));
     assert_eq!(paced, clean.bytes_verified, "every byte read passes the pacing hook");
     // Only the named table is read when one is named; an unknown name is an error.
