@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
 use quarry_flight::{ServeOptions, read_token_file, serve};
@@ -39,6 +40,14 @@ pub struct ServeArgs {
     /// Fragments admitted at once (overrides the profile).
     #[arg(long)]
     max_sessions: Option<usize>,
+    /// Scrub the warehouse in the background, reading at most this many MB/s: every segment
+    /// and graph file checked against its checksums, pass after pass (damage goes to stderr and
+    /// the metrics).
+    #[arg(long)]
+    scrub_mbps: Option<f64>,
+    /// Seconds between background scrub passes.
+    #[arg(long, default_value_t = 3600.0)]
+    scrub_pause: f64,
 }
 
 pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
@@ -61,6 +70,13 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
         let node = LocalStorageNode::with_profile(warehouse, profile).map_err(|e| quarry_engine::user_message(&e))?;
         let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen };
         let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)));
+        if let Some(mbps) = args.scrub_mbps {
+            if mbps <= 0.0 || mbps.is_nan() || args.scrub_pause.is_nan() || args.scrub_pause < 0.0 {
+                return Err("--scrub-mbps must be positive and --scrub-pause not negative".into());
+            }
+            // Detached: the task ends when the node is dropped.
+            let _scrub = node.start_background_scrub(mbps, Duration::from_secs_f64(args.scrub_pause));
+        }
         serve(node, options, |address, metrics| {
             // The first line on stdout is the address, for scripts that asked for port 0.
             println!("grpc://{address}");

@@ -94,11 +94,13 @@ fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
     ObjectPath::from_absolute_path(file).map_err(|e| DataFusionError::Execution(format!("{}: {e}", file.display())))
 }
 
-/// Scrubs `tables` of `warehouse` on a blocking thread, each block read within `limit`.
-async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Arc<BandwidthLimiter>>) -> Result<ScrubReport> {
+/// Scrubs `tables` of `warehouse` on a blocking thread, each block read within `limit` and
+/// counted.
+async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Arc<BandwidthLimiter>>, counters: Arc<NodeCounters>) -> Result<ScrubReport> {
     let runtime = tokio::runtime::Handle::current();
     let scrub = tokio::task::spawn_blocking(move || {
         let mut pace = |bytes: u64| {
+            counters.scrub_bytes.fetch_add(bytes, Ordering::Relaxed);
             if let Some(limit) = &limit {
                 runtime.block_on(limit.consume(bytes));
             }
@@ -129,6 +131,9 @@ pub struct NodeCounters {
     device_cpu_ns: AtomicU64,
     device_pause_ns: AtomicU64,
     spilled_bytes: AtomicU64,
+    scrub_bytes: AtomicU64,
+    scrub_passes: AtomicU64,
+    scrub_damage: AtomicU64,
 }
 
 impl LocalStorageNode {
@@ -219,6 +224,34 @@ impl LocalStorageNode {
         self.link.clone()
     }
 
+    /// Scrubs every table and graph in the background, over and over: a pass reading at most
+    /// `mbps` MB/s, then `pause`. Damage is reported on stderr and counted in the metrics
+    /// (`quarry_node_scrub_damage`: what the last pass found). Ends when the node is dropped.
+    pub fn start_background_scrub(self: &Arc<Self>, mbps: f64, pause: Duration) -> tokio::task::JoinHandle<()> {
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(this) = node.upgrade() else { return };
+                let (warehouse, counters) = (this.warehouse.clone(), Arc::clone(&this.counters));
+                let name = this.name.clone();
+                drop(this);
+                let limit = Some(Arc::new(BandwidthLimiter::new(mbps)));
+                match scrub_paced(warehouse, Vec::new(), limit, Arc::clone(&counters)).await {
+                    Ok(report) => {
+                        for damage in &report.damage {
+                            let bytes = damage.bytes.as_ref().map(|b| format!(" bytes {}..{}", b.start, b.end)).unwrap_or_default();
+                            eprintln!("quarry: {name}: scrub found damage in {} {}{bytes}: {}", damage.name, damage.file.display(), damage.reason);
+                        }
+                        counters.scrub_damage.store(report.damage.len() as u64, Ordering::Relaxed);
+                        counters.scrub_passes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => eprintln!("quarry: {name}: background scrub failed: {e}"),
+                }
+                tokio::time::sleep(pause).await;
+            }
+        })
+    }
+
     /// The warehouse served.
     pub fn warehouse(&self) -> &Warehouse {
         &self.warehouse
@@ -228,7 +261,7 @@ impl LocalStorageNode {
     pub fn metrics_text(&self) -> String {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let metrics: [(&str, &str, &str, u64); 13] = [
+        let metrics: [(&str, &str, &str, u64); 16] = [
             ("quarry_node_fragments_total", "counter", "Fragments started", load(&c.fragments_started)),
             ("quarry_node_fragments_rejected_total", "counter", "Fragments rejected by validation", load(&c.fragments_rejected)),
             ("quarry_node_fragments_active", "gauge", "Fragments running now", load(&c.fragments_active)),
@@ -238,6 +271,9 @@ impl LocalStorageNode {
             ("quarry_node_bytes_read_total", "counter", "Bytes read from segment files", self.store.bytes_read()),
             ("quarry_node_bytes_sent_total", "counter", "Bytes of Arrow batches sent to hosts", load(&c.bytes_returned)),
             ("quarry_node_stored_bytes_served_total", "counter", "Stored segment bytes served to hosts (passthrough)", load(&c.stored_bytes_served)),
+            ("quarry_node_scrub_bytes_total", "counter", "Bytes read and checked by scrubs", load(&c.scrub_bytes)),
+            ("quarry_node_scrub_passes_total", "counter", "Background scrub passes completed", load(&c.scrub_passes)),
+            ("quarry_node_scrub_damage", "gauge", "Damaged files or byte ranges the last background scrub pass found", load(&c.scrub_damage)),
             ("quarry_node_device_cpu_seconds_total", "counter", "CPU time of device workers", load(&c.device_cpu_ns) / 1_000_000_000),
             ("quarry_node_device_pause_seconds_total", "counter", "Time device workers paused for the compute slowdown", load(&c.device_pause_ns) / 1_000_000_000),
             ("quarry_node_spilled_bytes_total", "counter", "Bytes spilled by Grace hash joins", load(&c.spilled_bytes)),
@@ -543,7 +579,7 @@ impl StorageNode for LocalStorageNode {
 
     async fn scrub(&self, tables: Vec<String>) -> Result<ScrubReport> {
         let limit = self.profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
-        scrub_paced(self.warehouse.clone(), tables, limit).await
+        scrub_paced(self.warehouse.clone(), tables, limit, Arc::clone(&self.counters)).await
     }
 
     async fn describe(&self) -> Result<NodeDescription> {
