@@ -102,27 +102,14 @@ struct TypeCandidates {
     seen: bool,
     boolean: bool,
     integer: bool,
-    decimal: bool,
     float: bool,
     date: bool,
     timestamp: bool,
-    int_digits_max: u8,
-    scale_max: u8,
 }
 
 impl TypeCandidates {
     fn new() -> Self {
-        TypeCandidates {
-            seen: false,
-            boolean: true,
-            integer: true,
-            decimal: true,
-            float: true,
-            date: true,
-            timestamp: true,
-            int_digits_max: 1,
-            scale_max: 0,
-        }
+        TypeCandidates { seen: false, boolean: true, integer: true, float: true, date: true, timestamp: true }
     }
 
     fn observe(&mut self, value: &str) {
@@ -132,16 +119,6 @@ impl TypeCandidates {
         }
         if self.integer {
             self.integer = value.parse::<i64>().is_ok();
-        }
-        if self.decimal {
-            match decimal_shape(value) {
-                Some((int_digits, scale)) => {
-                    self.int_digits_max = self.int_digits_max.max(int_digits);
-                    self.scale_max = self.scale_max.max(scale);
-                    self.decimal = self.int_digits_max as u32 + self.scale_max as u32 <= 38;
-                }
-                None => self.decimal = false,
-            }
         }
         if self.float {
             self.float = value.bytes().any(|b| b.is_ascii_digit()) && value.parse::<f64>().is_ok();
@@ -156,6 +133,9 @@ impl TypeCandidates {
         }
     }
 
+    /// Numbers with a point or an exponent are DOUBLE, as DuckDB's reader infers them: a
+    /// DECIMAL sized to the sample (`0.0 .. 499.5` -> DECIMAL(4,1)) would reject later appends
+    /// of larger or finer values. DECIMAL is for the user to declare (`--schema`).
     fn data_type(&self) -> DataType {
         if !self.seen {
             DataType::Utf8
@@ -163,9 +143,6 @@ impl TypeCandidates {
             DataType::Boolean
         } else if self.integer {
             DataType::Int64
-        } else if self.decimal {
-            let precision = (self.int_digits_max + self.scale_max).max(1);
-            DataType::Decimal128(precision, self.scale_max as i8)
         } else if self.float {
             DataType::Float64
         } else if self.date {
@@ -175,6 +152,31 @@ impl TypeCandidates {
         } else {
             DataType::Utf8
         }
+    }
+}
+
+/// The narrowest type that holds both the values of a `column` type and `value` (for a message
+/// about a value that does not fit the column).
+fn type_holding(column: &DataType, value: &str) -> DataType {
+    let mut alone = TypeCandidates::new();
+    alone.observe(value);
+    let alone = alone.data_type();
+    let numeric = |t: &DataType| t.is_integer() || t.is_floating() || matches!(t, DataType::Decimal128(..));
+    match column {
+        DataType::Decimal128(precision, column_scale) => match decimal_shape(value) {
+            Some((int_digits, value_scale)) => {
+                let column_scale = (*column_scale).max(0) as u8;
+                let scale = column_scale.max(value_scale);
+                let int_digits = precision.saturating_sub(column_scale).max(int_digits);
+                if int_digits as u32 + scale as u32 <= 38 { DataType::Decimal128(int_digits + scale, scale as i8) } else { DataType::Float64 }
+            }
+            None if numeric(&alone) => DataType::Float64,
+            None => DataType::Utf8,
+        },
+        c if c.is_integer() && alone == DataType::Int64 => DataType::Int64,
+        c if numeric(c) && numeric(&alone) => DataType::Float64,
+        DataType::Date32 if matches!(alone, DataType::Timestamp(..)) => alone,
+        _ => DataType::Utf8,
     }
 }
 
@@ -191,7 +193,7 @@ fn decimal_shape(value: &str) -> Option<(u8, u8)> {
 }
 
 /// Infers a schema from the header and the first `infer_rows_max` rows. Every column is
-/// nullable. Types: BOOLEAN, BIGINT, DECIMAL(p,s) for plain dotted numbers, DOUBLE, DATE,
+/// nullable. Types: BOOLEAN, BIGINT, DOUBLE (numbers with a point or an exponent), DATE,
 /// TIMESTAMP, else VARCHAR.
 pub fn infer_csv_schema(path: &Path, options: &CsvOptions) -> Result<SchemaRef> {
     let mut reader = csv_reader(path, options)?;
@@ -294,7 +296,12 @@ impl CsvBatchReader {
                     file: self.path.clone(),
                     line: lines[row],
                     column: format!("{} ({})", index + 1, field.name()),
-                    reason: format!("cannot parse '{}' as {}", text.value(row), sql_type_name(field.data_type())),
+                    reason: format!(
+                        "'{}' does not fit the column's type {}; {} would hold it (load the table again with --schema to change the type)",
+                        text.value(row),
+                        sql_type_name(field.data_type()),
+                        sql_type_name(&type_holding(field.data_type(), text.value(row)))
+                    ),
                 });
             }
             if !field.is_nullable() && typed.null_count() > 0 {
@@ -370,7 +377,7 @@ mod tests {
         let options = CsvOptions::default();
         let schema = infer_csv_schema(&path, &options).unwrap();
         let types: Vec<String> = schema.fields().iter().map(|f| sql_type_name(f.data_type())).collect();
-        assert_eq!(types, ["BIGINT", "DECIMAL(4,2)", "DOUBLE", "DATE", "BOOLEAN", "VARCHAR", "TIMESTAMP"]);
+        assert_eq!(types, ["BIGINT", "DOUBLE", "DOUBLE", "DATE", "BOOLEAN", "VARCHAR", "TIMESTAMP"]);
         let batches: Vec<_> = CsvBatchReader::try_new(&path, schema, options).unwrap().collect::<Result<_>>().unwrap();
         let batch = &batches[0];
         assert_eq!(batch.num_rows(), 2);
@@ -389,6 +396,23 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("input.csv:3:2 (b)"), "{message}");
         assert!(message.contains("'x4'"), "{message}");
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_names_the_type_that_would() {
+        let holding = |column: DataType, value: &str| sql_type_name(&type_holding(&column, value));
+        assert_eq!(holding(DataType::Decimal128(4, 1), "7500000.0"), "DECIMAL(8,1)");
+        assert_eq!(holding(DataType::Decimal128(21, 20), "9.9e-05"), "DOUBLE");
+        assert_eq!(holding(DataType::Decimal128(4, 1), "12.345"), "DECIMAL(6,3)");
+        assert_eq!(holding(DataType::Int32, "5000000000"), "BIGINT");
+        assert_eq!(holding(DataType::Int64, "2.5"), "DOUBLE");
+        assert_eq!(holding(DataType::Int64, "x4"), "VARCHAR");
+        assert_eq!(holding(DataType::Date32, "2020-01-01 10:00:00"), "TIMESTAMP");
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_csv(dir.path(), "a\n1.5\n7500000.0\n");
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Decimal128(4, 1), true)]));
+        let err = CsvBatchReader::try_new(&path, schema, CsvOptions::default()).unwrap().find_map(|r| r.err()).unwrap().to_string();
+        assert!(err.contains("input.csv:3:1 (a): '7500000.0' does not fit the column's type DECIMAL(4,1); DECIMAL(8,1) would hold it"), "{err}");
     }
 
     #[test]
