@@ -318,3 +318,25 @@ def test_errors_are_clean(warehouse):
     assert proc.returncode != 0
     assert "does-not-exist.csv" in proc.stderr
     assert_no_panic(proc.stderr, proc.stdout)
+
+
+def test_tables_json_lists_schemas_rows_and_sizes(seq_warehouse, tmp_path):
+    listed = {t["name"]: t for t in json.loads(q.run_quarry(["tables", "--json"], seq_warehouse).stdout)}
+    assert set(listed) == set(q.list_tables(seq_warehouse)), listed
+    mixed = listed["mixed"]
+    assert [(c["name"], c["type"]) for c in mixed["columns"]] == [
+        ("id", "BIGINT"), ("amount", "DECIMAL(12,2)"), ("ratio", "DOUBLE"), ("day", "DATE"), ("name", "VARCHAR"), ("flag", "BOOLEAN")]
+    manifest = q.read_manifest(seq_warehouse, "mixed")
+    assert mixed["rows"] == 4 and mixed["segments"] == len(manifest["segments"]), mixed
+    assert mixed["bytes"] == sum(os.path.getsize(p) for p in q.segment_paths(seq_warehouse, "mixed")), mixed
+    assert mixed["versions"] == [{"node": "local", "version": manifest["version"]}], mixed
+    # Spread over two nodes: rows, segments and bytes are summed, each node's version listed.
+    warehouses = [tmp_path / "a", tmp_path / "b"]
+    with q.StorageNodes(warehouses) as nodes:
+        q.run_quarry(["gen", "tpch", "--sf", "0.01", "--segment-rows", "20000", "--nodes", nodes.arg], tmp_path / "staging")
+        listed = {t["name"]: t for t in json.loads(q.run_quarry(["tables", "--json", "--nodes", nodes.arg], "/nonexistent-warehouse").stdout)}
+    spread = listed["lineitem"]
+    manifests = [q.read_manifest(wh, "lineitem") for wh in warehouses]
+    assert spread["rows"] == sum(s["rows"] for m in manifests for s in m["segments"]) > 0, spread
+    assert spread["segments"] == sum(len(m["segments"]) for m in manifests) > 2, spread
+    assert [v["version"] for v in spread["versions"]] == [m["version"] for m in manifests], spread

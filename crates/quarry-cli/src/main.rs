@@ -13,6 +13,7 @@ mod scrub;
 mod serve;
 mod shell;
 mod sql;
+mod tables;
 mod target;
 
 use std::path::PathBuf;
@@ -71,8 +72,8 @@ enum Command {
     Shell,
     /// Run a benchmark suite's queries and print per-query times.
     Bench(bench::BenchArgs),
-    /// List the warehouse's tables with their row counts.
-    Tables,
+    /// List the warehouse's tables with their row counts (`--json`: with schemas too).
+    Tables(tables::TablesArgs),
     /// Graph analytics with sort-reduce in a fixed memory budget.
     Graph(graph::GraphArgs),
     /// Run a storage node serving the warehouse over Arrow Flight.
@@ -124,7 +125,7 @@ fn main() -> ExitCode {
         Command::Sql(args) => with_runtime(threads, sql::run(&target, args)),
         Command::Shell => with_runtime(threads, shell::run(&target)),
         Command::Bench(args) => bench::run(&target, args, threads),
-        Command::Tables => with_runtime(threads, sql::list_tables(&target)),
+        Command::Tables(args) => with_runtime(threads, tables::run(&target, args)),
         Command::Graph(args) => graph::run(&target, args, threads, memory),
         Command::Serve(args) => serve::run(&target, args, threads),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),

@@ -85,30 +85,3 @@ fn write_stats(path: &Path, stats: &QueryStats) -> CliResult {
     let text = serde_json::to_string_pretty(stats).expect("stats serialize");
     std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
 }
-
-pub async fn list_tables(target: &Target) -> CliResult {
-    let nodes = target.storage_nodes().await?;
-    // Each node's tables, asked once; a table spread over nodes is summed over them.
-    let mut held = Vec::with_capacity(nodes.len());
-    for node in &nodes {
-        held.push(node.list_tables().await.map_err(|e| user_message(&e))?);
-    }
-    let mut names: Vec<&String> = held.iter().flatten().collect();
-    names.sort();
-    names.dedup();
-    for name in names {
-        let (mut rows, mut segments, mut bytes, mut versions) = (0, 0, 0, Vec::new());
-        for (node, tables) in nodes.iter().zip(&held) {
-            if !tables.contains(name) {
-                continue;
-            }
-            let info = node.table_info(name).await.map_err(|e| user_message(&e))?;
-            rows += info.total_rows();
-            segments += info.segments.len();
-            bytes += info.total_bytes();
-            versions.push(info.version.to_string());
-        }
-        println!("{name}\t{rows} rows\t{segments} segments\t{:.1} MB\tversion {}", bytes as f64 / 1e6, versions.join(","));
-    }
-    Ok(())
-}
