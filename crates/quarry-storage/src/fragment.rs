@@ -13,7 +13,7 @@ use std::sync::Arc;
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Statistics, internal_err, plan_datafusion_err, plan_err};
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -229,9 +229,16 @@ pub fn decode_fragment(fragment: &Fragment, ctx: &TaskContext, resolve: LeafReso
         physical_plan_from_bytes_with_extension_codec(&fragment.plan, ctx, &codec)
     }))
     .map_err(|_| plan_datafusion_err!("fragment: malformed plan (the decoder failed)"))?
-    .map_err(|e| plan_datafusion_err!("fragment rejected: {}", e.message()))?;
+    .map_err(|e| plan_datafusion_err!("fragment rejected: the plan does not decode: {}", decode_reason(&e)))?;
     validate_fragment(&decoded)?;
     Ok(decoded)
+}
+
+/// Why a plan did not decode, in one line: DataFusion's first line, without the request to
+/// file a bug report that it adds to internal errors (a bad plan from the wire is not its bug).
+fn decode_reason(error: &DataFusionError) -> String {
+    let message = error.message();
+    message.lines().next().unwrap_or_default().trim().trim_end_matches('.').to_string()
 }
 
 /// Checks that `plan` survives the trip to a node: it encodes, decodes (some expressions encode
