@@ -237,7 +237,8 @@ def start_node(warehouse: str | os.PathLike, extra_args: Sequence[str] = (), env
 
 
 def read_node_url(proc: subprocess.Popen, timeout: float = 60) -> str:
-    """The ``grpc://...`` line a starting node prints; raises with its stderr if it exits."""
+    """The ``grpc://...`` (or ``grpc+tls://...``) line a starting node prints; raises with its
+    stderr if it exits."""
     import selectors
 
     sel = selectors.DefaultSelector()
@@ -246,7 +247,7 @@ def read_node_url(proc: subprocess.Popen, timeout: float = 60) -> str:
         proc.kill()
         raise RuntimeError(f"storage node did not report its address within {timeout} s")
     line = proc.stdout.readline().strip()
-    if not line.startswith("grpc://"):
+    if not line.startswith(("grpc://", "grpc+tls://")):
         proc.wait(timeout=30)
         raise RuntimeError(f"storage node failed to start (exit {proc.returncode}): {proc.stderr.read()}")
     return line

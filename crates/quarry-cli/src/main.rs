@@ -34,12 +34,17 @@ struct Cli {
     /// Threads to use (default: all cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
-    /// Storage nodes to use instead of the warehouse directory (grpc://HOST:PORT,...).
+    /// Storage nodes to use instead of the warehouse directory (grpc://HOST:PORT, or
+    /// grpc+tls://HOST:PORT for nodes serving TLS; comma-separated).
     #[arg(long, global = true, env = "QUARRY_NODES", value_delimiter = ',')]
     nodes: Vec<String>,
     /// File holding the token the storage nodes require.
     #[arg(long, global = true, env = "QUARRY_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// CA certificate (PEM) that signed the grpc+tls:// nodes' certificates (default: the
+    /// system's roots).
+    #[arg(long, global = true, env = "QUARRY_TLS_CA")]
+    tls_ca: Option<PathBuf>,
     /// Which operators run on the storage nodes: by the cost model, always, or never
     /// (passthrough).
     #[arg(long, global = true, default_value = "auto")]
@@ -113,6 +118,7 @@ fn main() -> ExitCode {
         warehouse: cli.warehouse.clone(),
         nodes: cli.nodes.clone(),
         token_file: cli.token_file.clone(),
+        tls_ca: cli.tls_ca.clone(),
         pushdown: cli.pushdown,
         star_join: cli.star_join,
         profile: cli.profile.clone(),

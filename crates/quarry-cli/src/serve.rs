@@ -2,12 +2,12 @@
 //! profile.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use quarry_flight::{ServeOptions, read_token_file, serve};
+use quarry_flight::{ServeOptions, TlsIdentity, read_token_file, serve};
 use quarry_storage::{DeviceProfile, LocalStorageNode, parse_size};
 use quarry_table::Warehouse;
 
@@ -45,6 +45,16 @@ pub struct ServeArgs {
     /// the metrics).
     #[arg(long)]
     scrub_mbps: Option<f64>,
+    /// This node's TLS certificate chain (PEM): it serves grpc+tls:// (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plaintext beyond loopback (refused otherwise): the token and the data cross the
+    /// network in the clear.
+    #[arg(long)]
+    insecure: bool,
     /// Seconds between background scrub passes.
     #[arg(long, default_value_t = 3600.0)]
     scrub_pause: f64,
@@ -63,12 +73,20 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
     profile.max_sessions = args.max_sessions.or(profile.max_sessions);
     profile.validate()?;
     let token = target.token_file.as_deref().map(read_token_file).transpose()?;
+    let read = |path: &PathBuf, what: &str| std::fs::read(path).map_err(|e| format!("reading the TLS {what} {}: {e}", path.display()));
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsIdentity { cert_pem: read(cert, "certificate")?, key_pem: read(key, "key")? }),
+        _ => None,
+    };
     let warehouse_dir: &Path = &target.warehouse;
     let warehouse = Warehouse::open(warehouse_dir).map_err(|e| e.to_string())?;
     let profile_name = profile.name.clone();
     with_runtime(threads, async move {
         let node = LocalStorageNode::with_profile(warehouse, profile).map_err(|e| quarry_engine::user_message(&e))?;
-        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen };
+        if args.insecure && tls.is_none() && !args.listen.ip().is_loopback() {
+            eprintln!("quarry: warning: serving {} without TLS (--insecure): the token and the data cross the network in the clear", args.listen);
+        }
+        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure };
         let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)));
         if let Some(mbps) = args.scrub_mbps {
             if mbps <= 0.0 || mbps.is_nan() || args.scrub_pause.is_nan() || args.scrub_pause < 0.0 {
@@ -77,10 +95,10 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
             // Detached: the task ends when the node is dropped.
             let _scrub = node.start_background_scrub(mbps, Duration::from_secs_f64(args.scrub_pause));
         }
-        serve(node, options, |address, metrics| {
-            // The first line on stdout is the address, for scripts that asked for port 0.
-            println!("grpc://{address}");
-            eprintln!("quarry: storage node for {} on grpc://{address}, profile {profile_name}", warehouse_dir.display());
+        serve(node, options, |url, metrics| {
+            // The first line on stdout is the URL, for scripts that asked for port 0.
+            println!("{url}");
+            eprintln!("quarry: storage node for {} on {url}, profile {profile_name}", warehouse_dir.display());
             if let Some(metrics) = metrics {
                 eprintln!("quarry: metrics on http://{metrics}/metrics");
             }

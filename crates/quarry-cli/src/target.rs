@@ -21,6 +21,8 @@ pub struct Target {
     pub nodes: Vec<String>,
     /// Token file for the nodes.
     pub token_file: Option<PathBuf>,
+    /// CA certificate file for nodes serving TLS.
+    pub tls_ca: Option<PathBuf>,
     /// Pushdown choice.
     pub pushdown: PushdownMode,
     /// Whether star joins run fused.
@@ -42,9 +44,13 @@ impl Target {
     /// Connects to the remote nodes.
     pub async fn remote_nodes(&self) -> CliResult<Vec<RemoteStorageNode>> {
         let token = self.token_file.as_deref().map(read_token_file).transpose()?;
+        let tls_ca = match &self.tls_ca {
+            Some(path) => Some(std::fs::read(path).map_err(|e| format!("reading the TLS CA certificate {}: {e}", path.display()))?),
+            None => None,
+        };
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for url in &self.nodes {
-            nodes.push(RemoteStorageNode::connect(url.trim(), token.as_deref()).await?);
+            nodes.push(RemoteStorageNode::connect(url.trim(), token.as_deref(), tls_ca.as_deref()).await?);
         }
         Ok(nodes)
     }

@@ -16,7 +16,7 @@ use datafusion::error::{DataFusionError, Result};
 use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
 use tonic::codegen::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::auth::TokenAttach;
 use crate::wire::{TableInfoWire, action, encode_ticket};
@@ -40,25 +40,55 @@ impl std::fmt::Debug for ClientHandle {
 }
 
 impl RemoteStorageNode {
-    /// Connects to `url` (`grpc://host:port`), sending `token` with every call.
-    pub async fn connect(url: &str, token: Option<&str>) -> Result<Self, String> {
-        let address = url
-            .strip_prefix("grpc://")
-            .ok_or_else(|| format!("storage node address '{url}' must look like grpc://HOST:PORT"))?;
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| format!("storage node address '{url}': {e}"))?
+    /// Connects to `url` (`grpc://HOST:PORT`, or `grpc+tls://HOST:PORT` for a node serving
+    /// TLS, whose certificate must be signed by `tls_ca` (PEM) or, without it, by a root the
+    /// system trusts), sending `token` with every call.
+    pub async fn connect(url: &str, token: Option<&str>, tls_ca: Option<&[u8]>) -> Result<Self, String> {
+        let (address, tls) = match (url.strip_prefix("grpc://"), url.strip_prefix("grpc+tls://")) {
+            (Some(address), _) => (address, false),
+            (_, Some(address)) => (address, true),
+            _ => return Err(format!("storage node address '{url}' must look like grpc://HOST:PORT or grpc+tls://HOST:PORT")),
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{}://{address}", if tls { "https" } else { "http" }))
+            .map_err(|e| format!("storage node address '{url}': {e}"))?;
+        if tls {
+            let host = endpoint.uri().host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+            let config = ClientTlsConfig::new().domain_name(host);
+            let config = match tls_ca {
+                Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
+                None => config.with_native_roots(),
+            };
+            endpoint = endpoint.tls_config(config).map_err(|e| format!("TLS for storage node {url}: {}", source_text(&e)))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(Duration::from_secs(3))
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(2))
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|e| format!("cannot reach storage node {url}: {}", source_text(&e)))?;
+        let channel = endpoint.connect().await.map_err(|e| {
+            let reason = source_text(&e);
+            // rustls repeats its reason down the source chain: say it once, with the remedy.
+            match reason.find("invalid peer certificate: ") {
+                Some(at) => {
+                    let what = reason[at..].split(": ").nth(1).unwrap_or_default();
+                    format!("storage node {url}: its TLS certificate is not trusted ({what}): give --tls-ca with the certificate of the CA that signed it")
+                }
+                None => format!("cannot reach storage node {url}: {reason}"),
+            }
+        })?;
         let client = FlightServiceClient::with_interceptor(channel, TokenAttach::new(token)?)
             .max_decoding_message_size(256 << 20)
             .max_encoding_message_size(256 << 20);
         let node = RemoteStorageNode { url: url.to_string(), client: ClientHandle(client) };
         // Fail now, with a clear message, if the node refuses us (e.g. a wrong token).
-        node.list_tables().await.map_err(|e| e.to_string())?;
+        node.list_tables().await.map_err(|e| {
+            // A plaintext call to a node serving TLS fails in HTTP/2 or below, never with a
+            // node's answer: name the likely cause.
+            let message = e.message();
+            let transport = message.contains("transport error") || message.contains("h2 protocol error");
+            if !tls && transport { format!("{message} (a node that serves TLS is named grpc+tls://{address})") } else { message.to_string() }
+        })?;
         Ok(node)
     }
 

@@ -30,7 +30,7 @@ use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{LinkCodec, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
 use quarry_storage::graph_job::GraphJob;
 use quarry_table::{SegmentMeta, SegmentOptions, TableWriter, WriteMode};
-use tonic::transport::Server;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -65,16 +65,45 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// Address for Prometheus metrics.
     pub metrics_listen: Option<SocketAddr>,
+    /// The node's TLS certificate chain and private key (PEM); `None` serves plaintext.
+    pub tls: Option<TlsIdentity>,
+    /// Serve plaintext beyond loopback (otherwise refused).
+    pub insecure: bool,
 }
 
-/// Runs the node until the process ends. `on_ready` gets the bound addresses (the Flight port
-/// may have been 0). A node refuses to listen beyond loopback without a token.
-pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>)) -> Result<(), String> {
-    if options.token.is_none() && !options.listen.ip().is_loopback() {
-        return Err(format!(
-            "refusing to listen on {} without authentication: give --token-file, or listen on a loopback address (127.0.0.1)",
-            options.listen
-        ));
+/// A certificate chain and its private key, PEM-encoded.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    /// The certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The private key.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsIdentity { .. }")
+    }
+}
+
+/// Runs the node until the process ends. `on_ready` gets the node's URL (`grpc://` or
+/// `grpc+tls://` and the bound address: the port may have been 0) and the metrics address. A
+/// node refuses to listen beyond loopback without a token, and without TLS unless told
+/// `insecure`.
+pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready: impl FnOnce(String, Option<SocketAddr>)) -> Result<(), String> {
+    if !options.listen.ip().is_loopback() {
+        if options.token.is_none() {
+            return Err(format!(
+                "refusing to listen on {} without authentication: give --token-file, or listen on a loopback address (127.0.0.1)",
+                options.listen
+            ));
+        }
+        if options.tls.is_none() && !options.insecure {
+            return Err(format!(
+                "refusing to listen on {} without TLS: give --tls-cert and --tls-key, or --insecure to send tokens and data in the clear",
+                options.listen
+            ));
+        }
     }
     if options.token.as_ref().is_some_and(|t| t.trim().is_empty()) {
         return Err("the token file is empty".into());
@@ -85,10 +114,19 @@ pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready:
         Some(addr) => Some(crate::metrics::serve_metrics(Arc::clone(&node), addr).await?),
         None => None,
     };
-    on_ready(address, metrics_address);
+    let mut builder = Server::builder();
+    let scheme = match &options.tls {
+        Some(identity) => {
+            let config = ServerTlsConfig::new().identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+            builder = builder.tls_config(config).map_err(|e| format!("the TLS certificate or key: {e}"))?;
+            "grpc+tls"
+        }
+        None => "grpc",
+    };
+    on_ready(format!("{scheme}://{address}"), metrics_address);
     let server = FlightServiceServer::new(NodeService::new(node)).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
     let service = tonic::codegen::InterceptedService::new(server, TokenCheck::new(options.token));
-    Server::builder()
+    builder
         .add_service(service)
         .serve_with_incoming(TcpIncoming::from(listener))
         .await

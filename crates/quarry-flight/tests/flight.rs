@@ -43,11 +43,11 @@ fn warehouse(dir: &std::path::Path) -> (Warehouse, String) {
 async fn start_node(warehouse: Warehouse) -> String {
     let node = Arc::new(LocalStorageNode::new(warehouse));
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None };
-    tokio::spawn(serve(node, options, move |address, _| {
-        let _ = tx.send(address);
+    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None, tls: None, insecure: false };
+    tokio::spawn(serve(node, options, move |url, _| {
+        let _ = tx.send(url);
     }));
-    format!("grpc://{}", rx.await.unwrap())
+    rx.await.unwrap()
 }
 
 fn leaf(table: &str, segments: Vec<String>, projection: &[&str], schema: SchemaRef) -> ScanLeafExec {
@@ -71,7 +71,7 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let (warehouse, segment) = warehouse(dir.path());
     let url = start_node(warehouse).await;
-    let node = RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    let node = RemoteStorageNode::connect(&url, Some(TOKEN), None).await.unwrap();
     let info = node.table_info("t").await.unwrap();
     assert_eq!(info.total_rows(), 1000);
     let version = info.version;
@@ -123,11 +123,11 @@ async fn calls_without_the_token_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (warehouse, _) = warehouse(dir.path());
     let url = start_node(warehouse).await;
-    let error = RemoteStorageNode::connect(&url, None).await.unwrap_err();
+    let error = RemoteStorageNode::connect(&url, None, None).await.unwrap_err();
     assert!(error.contains("requires a token"), "{error}");
-    let error = RemoteStorageNode::connect(&url, Some("guess")).await.unwrap_err();
+    let error = RemoteStorageNode::connect(&url, Some("guess"), None).await.unwrap_err();
     assert!(error.contains("wrong token"), "{error}");
-    RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    RemoteStorageNode::connect(&url, Some(TOKEN), None).await.unwrap();
 }
 
 /// Passthrough reads: the stored bytes of a segment, exactly, over several Flight results when
@@ -157,7 +157,7 @@ async fn read_segment_serves_exactly_the_stored_bytes() {
     let file = std::fs::read(snapshot.segment_path(&snapshot.manifest.segments[0])).unwrap();
     assert!(file.len() > 3 << 20, "the segment should span several results: {} bytes", file.len());
     let url = start_node(warehouse).await;
-    let node = RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    let node = RemoteStorageNode::connect(&url, Some(TOKEN), None).await.unwrap();
     let version = node.table_info("r").await.unwrap().version;
     let size = file.len() as u64;
     let read = |segment: &str, ranges: Vec<std::ops::Range<u64>>| SegmentRead { table: "r".into(), version, segment: segment.into(), ranges };
@@ -189,7 +189,7 @@ async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let (warehouse, segment) = warehouse(dir.path());
     let url = start_node(warehouse).await;
-    let node = RemoteStorageNode::connect(&url, Some(TOKEN)).await.unwrap();
+    let node = RemoteStorageNode::connect(&url, Some(TOKEN), None).await.unwrap();
     let version = node.table_info("t").await.unwrap().version;
     let scan: Arc<dyn ExecutionPlan> = Arc::new(leaf("t", vec![], &["id", "value"], schema()).with_segments(version, vec![segment]));
     // A filter makes it pushdown (a bare leaf is read as stored bytes by the host instead).
