@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -340,3 +341,43 @@ def test_tables_json_lists_schemas_rows_and_sizes(seq_warehouse, tmp_path):
     assert spread["rows"] == sum(s["rows"] for m in manifests for s in m["segments"]) > 0, spread
     assert spread["segments"] == sum(len(m["segments"]) for m in manifests) > 2, spread
     assert [v["version"] for v in spread["versions"]] == [m["version"] for m in manifests], spread
+
+
+def _run_on_terminal(args):
+    """Runs quarry with stdout and stderr on a pseudo-terminal; everything it drew."""
+    import pty
+    import select
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([q.quarry_bin(), *map(str, args)], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    drawn = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, drawn[-2000:]
+    return drawn.decode("utf-8", "replace")
+
+
+def test_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    """`quarry gen ssb --sf 1` draws a live bar (rows done of total, rate, ETA) on a terminal;
+    into a pipe it prints only its summary lines."""
+    drawn = _run_on_terminal(["--warehouse", tmp_path / "tty", "gen", "ssb", "--sf", "1"])
+    bars = re.findall(r"lineorder \[[=> ]{30}\] ([\d,]+)/6,000,000 rows ([\d,]+)/s eta \d+", drawn)
+    assert len(bars) >= 2, drawn[:2000]
+    done = [int(b[0].replace(",", "")) for b in bars]
+    assert done == sorted(done) and done[-1] > done[0], done
+    piped = q.run_quarry(["gen", "ssb", "--sf", "1"], tmp_path / "pipe")
+    assert "eta" not in piped.stdout + piped.stderr and "\r" not in piped.stdout + piped.stderr, piped.stderr
+    assert re.search(r"lineorder: \d+ rows in \d+ segments", piped.stdout + piped.stderr), piped.stdout + piped.stderr
