@@ -7,6 +7,7 @@ mod calibrate;
 mod generate;
 mod graph;
 mod load;
+mod model;
 mod progress;
 mod queries;
 mod scrub;
@@ -87,6 +88,8 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Verify every segment of the tables against the checksums written with it.
     Scrub(scrub::ScrubArgs),
+    /// Models that explain runs (EMOS: the energy of a storage I/O trace).
+    Model(model::ModelArgs),
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
@@ -136,6 +139,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(&target, args, threads),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
         Command::Scrub(args) => with_runtime(threads, scrub::run(&target, args)),
+        Command::Model(args) => model::run(args),
     };
     if std::env::var_os("QUARRY_REPORT_PEAK_RSS").is_some() {
         // For memory tests: a parent process cannot measure this (a forked child's peak RSS

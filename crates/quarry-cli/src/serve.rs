@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// network in the clear.
     #[arg(long)]
     insecure: bool,
+    /// Record every read of segment files into this file (`SECONDS R FILE OFFSET BYTES` per
+    /// line), the trace `quarry model emos` simulates.
+    #[arg(long)]
+    io_trace: Option<PathBuf>,
     /// Seconds between background scrub passes.
     #[arg(long, default_value_t = 3600.0)]
     scrub_pause: f64,
@@ -88,6 +92,9 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
         }
         let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure };
         let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)));
+        if let Some(path) = &args.io_trace {
+            node.record_io_trace(path)?;
+        }
         if let Some(mbps) = args.scrub_mbps {
             if mbps <= 0.0 || mbps.is_nan() || args.scrub_pause.is_nan() || args.scrub_pause < 0.0 {
                 return Err("--scrub-mbps must be positive and --scrub-pause not negative".into());

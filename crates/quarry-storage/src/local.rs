@@ -252,6 +252,12 @@ impl LocalStorageNode {
         })
     }
 
+    /// Records every read of segment files from now on into a new file at `path`, in the
+    /// trace format of EMOS (`quarry model emos`).
+    pub fn record_io_trace(&self, path: &std::path::Path) -> std::result::Result<(), String> {
+        self.store.record_trace(path)
+    }
+
     /// The warehouse served.
     pub fn warehouse(&self) -> &Warehouse {
         &self.warehouse

@@ -302,12 +302,39 @@ pub struct ThrottledStore {
     inner: Arc<dyn ObjectStore>,
     limiter: Option<Arc<BandwidthLimiter>>,
     bytes_read: AtomicU64,
+    trace: std::sync::OnceLock<IoTrace>,
+}
+
+/// A record of every read, one line each: `SECONDS R FILE OFFSET BYTES` (the trace format of
+/// EMOS, `quarry model emos`).
+#[derive(Debug)]
+struct IoTrace {
+    started: Instant,
+    out: std::sync::Mutex<std::io::BufWriter<std::fs::File>>,
+}
+
+impl IoTrace {
+    fn record(&self, location: &Path, range: &Range<u64>) {
+        use std::io::Write;
+        let seconds = self.started.elapsed().as_secs_f64();
+        let mut out = self.out.lock().expect("trace lock");
+        // A trace that cannot be written is lost, not a failed read.
+        let _ = writeln!(out, "{seconds:.6} R /{location} {} {}", range.start, range.end - range.start);
+        let _ = out.flush();
+    }
 }
 
 impl ThrottledStore {
     /// Wraps `inner`; `limiter` bounds its read bandwidth.
     pub fn new(inner: Arc<dyn ObjectStore>, limiter: Option<Arc<BandwidthLimiter>>) -> Self {
-        ThrottledStore { inner, limiter, bytes_read: AtomicU64::new(0) }
+        ThrottledStore { inner, limiter, bytes_read: AtomicU64::new(0), trace: std::sync::OnceLock::new() }
+    }
+
+    /// Records every read from now on into a new file at `path`.
+    pub fn record_trace(&self, path: &std::path::Path) -> std::result::Result<(), String> {
+        let file = std::fs::File::create(path).map_err(|e| format!("creating the I/O trace {}: {e}", path.display()))?;
+        let trace = IoTrace { started: Instant::now(), out: std::sync::Mutex::new(std::io::BufWriter::new(file)) };
+        self.trace.set(trace).map_err(|_| "the I/O trace is already being recorded".to_string())
     }
 
     /// Bytes read since the node started.
@@ -343,6 +370,9 @@ impl ObjectStore for ThrottledStore {
         let head = options.head;
         let result = self.inner.get_opts(location, options).await?;
         if !head {
+            if let Some(trace) = self.trace.get() {
+                trace.record(location, &result.range);
+            }
             self.account(result.range.end - result.range.start).await;
         }
         Ok(result)
@@ -350,6 +380,9 @@ impl ObjectStore for ThrottledStore {
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
         let result = self.inner.get_ranges(location, ranges).await?;
+        if let Some(trace) = self.trace.get() {
+            ranges.iter().for_each(|range| trace.record(location, range));
+        }
         self.account(result.iter().map(|b| b.len() as u64).sum()).await;
         Ok(result)
     }
