@@ -215,3 +215,31 @@ def test_slow_link_compresses_pushed_down_batches(tpch_warehouse, tmp_path):
         link_bytes[compressed] = json.loads(stats.read_text())["bytes_over_link"]
     assert link_bytes[False] > 1_000_000, link_bytes
     assert link_bytes[True] < 0.6 * link_bytes[False], link_bytes
+
+def test_a_host_killed_mid_load_leaves_the_table_unlocked_and_unchanged_within_the_lease(tmp_path):
+    """The host aborts right after the nodes began their write transactions: the table stays
+    locked (a second load is refused), until the lease runs out; then it is unlocked, and holds
+    exactly what it held before."""
+    data = tmp_path / "rows.csv"
+    data.write_text("id,amount\n" + "".join(f"{i},{i * 1.5}\n" for i in range(1000)))
+    lease = 2.0
+    count = "SELECT count(*), sum(id) FROM t"
+    with q.StorageNodes([tmp_path / "a", tmp_path / "b"], ["--write-lease", lease]) as nodes:
+        q.run_quarry(["load", "t", data, "--nodes", nodes.arg], tmp_path / "staging")
+        killed = q.run_quarry(["load", "t", data, "--append", "--nodes", nodes.arg], tmp_path / "staging", check=False,
+                              env={"QUARRY_FAIL_POINT": "upload-after-begin"})
+        assert killed.returncode != 0
+        killed_at = time.monotonic()
+        locked = q.run_quarry(["load", "t", data, "--append", "--nodes", nodes.arg], tmp_path / "staging", check=False)
+        assert locked.returncode != 0 and "is being written by another process" in locked.stderr, locked.stderr
+        assert_no_panic(locked.stderr)
+        assert _sql(nodes.arg, count, "--format", "csv").stdout.strip().splitlines()[-1] == "1000,499500"
+        deadline = killed_at + lease + 10
+        while True:
+            again = q.run_quarry(["load", "t", data, "--append", "--nodes", nodes.arg], tmp_path / "staging", check=False)
+            if again.returncode == 0:
+                break
+            assert time.monotonic() < deadline, f"still locked {lease + 10} s after the host died: {again.stderr}"
+            time.sleep(0.5)
+        assert time.monotonic() - killed_at >= lease * 0.9, "unlocked before the lease ran out"
+        assert _sql(nodes.arg, count, "--format", "csv").stdout.strip().splitlines()[-1] == "2000,999000"

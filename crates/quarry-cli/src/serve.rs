@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// line), the trace `quarry model emos` simulates.
     #[arg(long)]
     io_trace: Option<PathBuf>,
+    /// Seconds a load through this node may go without sending a segment before it is
+    /// aborted (its host died or went away), releasing the table.
+    #[arg(long, default_value_t = 60.0)]
+    write_lease: f64,
     /// Seconds between background scrub passes.
     #[arg(long, default_value_t = 3600.0)]
     scrub_pause: f64,
@@ -90,7 +94,11 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
         if args.insecure && tls.is_none() && !args.listen.ip().is_loopback() {
             eprintln!("quarry: warning: serving {} without TLS (--insecure): the token and the data cross the network in the clear", args.listen);
         }
-        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure };
+        if !(args.write_lease > 0.0 && args.write_lease.is_finite()) {
+            return Err("--write-lease must be a positive number of seconds".into());
+        }
+        let write_lease = Duration::from_secs_f64(args.write_lease);
+        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure, write_lease };
         let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)));
         if let Some(path) = &args.io_trace {
             node.record_io_trace(path)?;

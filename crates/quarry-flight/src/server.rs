@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow::ipc::writer::IpcWriteOptions;
@@ -42,17 +43,28 @@ pub struct NodeService {
     node: Arc<LocalStorageNode>,
     writes: Mutex<HashMap<String, PendingWrite>>,
     next_write: std::sync::atomic::AtomicU64,
+    write_lease: Duration,
 }
 
+/// A write transaction a host began: it holds the table's lock until committed, aborted, or
+/// its lease runs out (the host died or went away), whichever comes first.
 struct PendingWrite {
     writer: Arc<TableWriter>,
     segments: Vec<SegmentMeta>,
+    expires: Instant,
 }
 
 impl NodeService {
-    /// Serves `node`.
-    pub fn new(node: Arc<LocalStorageNode>) -> Self {
-        NodeService { node, writes: Mutex::new(HashMap::new()), next_write: Default::default() }
+    /// Serves `node`; a write not renewed (by a segment arriving) for `write_lease` is aborted.
+    pub fn new(node: Arc<LocalStorageNode>, write_lease: Duration) -> Self {
+        NodeService { node, writes: Mutex::new(HashMap::new()), next_write: Default::default(), write_lease }
+    }
+
+    /// Aborts the writes whose lease ran out and that no segment upload is using: dropping the
+    /// writer removes its segment files and releases the table's lock.
+    fn expire_writes(&self) {
+        let now = Instant::now();
+        self.writes.lock().expect("writes lock").retain(|_, w| w.expires > now || Arc::strong_count(&w.writer) > 1);
     }
 }
 
@@ -69,6 +81,8 @@ pub struct ServeOptions {
     pub tls: Option<TlsIdentity>,
     /// Serve plaintext beyond loopback (otherwise refused).
     pub insecure: bool,
+    /// How long a write transaction lives without a segment arriving before it is aborted.
+    pub write_lease: Duration,
 }
 
 /// A certificate chain and its private key, PEM-encoded.
@@ -124,7 +138,17 @@ pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready:
         None => "grpc",
     };
     on_ready(format!("{scheme}://{address}"), metrics_address);
-    let server = FlightServiceServer::new(NodeService::new(node)).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
+    let service = Arc::new(NodeService::new(node, options.write_lease));
+    let sweeper = Arc::downgrade(&service);
+    let sweep_every = (options.write_lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    tokio::spawn(async move {
+        while let Some(service) = sweeper.upgrade() {
+            service.expire_writes();
+            drop(service);
+            tokio::time::sleep(sweep_every).await;
+        }
+    });
+    let server = FlightServiceServer::from_arc(service).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
     let service = tonic::codegen::InterceptedService::new(server, TokenCheck::new(options.token));
     builder
         .add_service(service)
@@ -266,8 +290,10 @@ impl FlightService for NodeService {
         let descriptor = first.flight_descriptor.clone().ok_or_else(|| Status::invalid_argument("do_put needs a descriptor naming the write"))?;
         let put: PutSegment = parse(&descriptor.cmd, "put")?;
         let writer = {
-            let writes = self.writes.lock().expect("writes lock");
-            Arc::clone(&writes.get(&put.write).ok_or_else(|| Status::not_found(format!("no write '{}' in progress", put.write)))?.writer)
+            let mut writes = self.writes.lock().expect("writes lock");
+            let pending = writes.get_mut(&put.write).ok_or_else(|| Status::not_found(format!("no write '{}' in progress (aborted, or its lease ran out)", put.write)))?;
+            pending.expires = Instant::now() + self.write_lease;
+            Arc::clone(&pending.writer)
         };
         let data = futures::stream::once(async { Ok(first) }).chain(stream.map_err(FlightError::from));
         let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
@@ -282,6 +308,7 @@ impl FlightService for NodeService {
         let mut writes = self.writes.lock().expect("writes lock");
         let pending = writes.get_mut(&put.write).ok_or_else(|| Status::aborted("the write was aborted"))?;
         pending.segments.push(meta);
+        pending.expires = Instant::now() + self.write_lease;
         let result = PutResult { app_metadata: Bytes::from(rows.to_string()) };
         Ok(Response::new(futures::stream::once(async { Ok(result) }).boxed()))
     }
@@ -322,12 +349,13 @@ impl FlightService for NodeService {
                 let writer =
                     self.node.warehouse().begin_write(&begin.table, &schema, mode, options, begin.sort_key).map_err(|e| Status::failed_precondition(e.to_string()))?;
                 let id = format!("w{}", self.next_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-                self.writes.lock().expect("writes lock").insert(id.clone(), PendingWrite { writer: Arc::new(writer), segments: Vec::new() });
+                let pending = PendingWrite { writer: Arc::new(writer), segments: Vec::new(), expires: Instant::now() + self.write_lease };
+                self.writes.lock().expect("writes lock").insert(id.clone(), pending);
                 json(&id)?
             }
             action::COMMIT_WRITE => {
                 let commit: CommitWrite = parse(body, "commit_write")?;
-                let pending = self.writes.lock().expect("writes lock").remove(&commit.write).ok_or_else(|| Status::not_found("no such write"))?;
+                let pending = self.writes.lock().expect("writes lock").remove(&commit.write).ok_or_else(|| Status::not_found("no such write (aborted, or its lease ran out)"))?;
                 let writer = Arc::try_unwrap(pending.writer).map_err(|_| Status::failed_precondition("a segment of this write is still being written"))?;
                 let manifest = writer.commit(pending.segments, commit.properties).map_err(|e| Status::internal(e.to_string()))?;
                 json(&manifest.version)?

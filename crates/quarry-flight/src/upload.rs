@@ -37,6 +37,10 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
             }
         }
     }
+    // For tests: the host dies holding the nodes' write transactions.
+    if std::env::var("QUARRY_FAIL_POINT").is_ok_and(|v| v == "upload-after-begin") {
+        std::process::abort();
+    }
     let outcome = async {
         for (i, segment) in manifest.segments.iter().enumerate() {
             let node = (first_node + i) % nodes.len();

@@ -43,7 +43,7 @@ fn warehouse(dir: &std::path::Path) -> (Warehouse, String) {
 async fn start_node(warehouse: Warehouse) -> String {
     let node = Arc::new(LocalStorageNode::new(warehouse));
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None, tls: None, insecure: false };
+    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None, tls: None, insecure: false, write_lease: std::time::Duration::from_secs(60) };
     tokio::spawn(serve(node, options, move |url, _| {
         let _ = tx.send(url);
     }));
