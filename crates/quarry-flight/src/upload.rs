@@ -33,7 +33,7 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
             Ok(id) => writes.push(id),
             Err(e) => {
                 abort(nodes, &writes).await;
-                return Err(e.to_string());
+                return Err(e.message().to_string());
             }
         }
     }
@@ -50,7 +50,7 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
             let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("reading {}: {e}", path.display()))?;
             let data = batches_to_flight_data(&snapshot.schema, batches).map_err(|e| e.to_string())?;
             let descriptor = serde_json::to_vec(&PutSegment { write: writes[node].clone() }).expect("serializes");
-            nodes[node].put_segment(descriptor, futures::stream::iter(data)).await.map_err(|e| e.to_string())?;
+            nodes[node].put_segment(descriptor, futures::stream::iter(data)).await.map_err(|e| e.message().to_string())?;
         }
         Ok::<(), String>(())
     }
@@ -64,7 +64,7 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
         let commit = CommitWrite { write: write.clone(), properties: properties.clone() };
         if let Err(e) = node.call::<u64>(action::COMMIT_WRITE, &commit).await {
             abort(&nodes[i + 1..], &writes[i + 1..]).await;
-            return Err(format!("{e} ({i} of {} nodes had committed their share of '{table}')", nodes.len()));
+            return Err(format!("{} ({i} of {} nodes had committed their share of '{table}')", e.message(), nodes.len()));
         }
     }
     Ok(manifest.segments.len())
