@@ -28,6 +28,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import charts  # noqa: E402
 import quarry_py  # noqa: E402
 
 
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-max-gb", type=float, default=6.0)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--chart", help="also draw the results into this file (png, svg or pdf)")
     args = parser.parse_args()
     quarry = quarry_py.quarry_bin()
     base = [quarry, "--warehouse", args.warehouse, "--threads", str(args.threads), "graph"]
@@ -99,6 +101,8 @@ def main() -> None:
               f"{fmt('scipy_bfs_s'):>9} {fmt('scipy_pr_s'):>9} {fmt('bfs_ratio'):>6} {fmt('pr_ratio'):>6} {fmt('pr_reduced_before_first_write_pct', '{:.1f}'):>8}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.chart:
+        charts.graph(results, args.chart)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import charts  # noqa: E402
 import quarry_py as q  # noqa: E402
 
 SYNTHETIC_RANGE = 100_000_000  # values are uniform over 0..this (quarry-gen's synthetic tables)
@@ -170,11 +171,14 @@ def bench_selectivity(args) -> int:
         )
     ok = worst <= 1.10
     print(f"\ntarget: auto never more than 10% slower than the better of on and off: worst auto/best {worst:.2f}: {'met' if ok else 'NOT met'}")
+    records = [
+        {"table": t, "query": n, "selectivity_pct": s, **{m: {"wall_ms": v["wall_ms"], "bytes_over_link": v["bytes_over_link"]} for m, v in r.items()}}
+        for t, n, s, r in results
+    ]
     if args.json:
-        Path(args.json).write_text(json.dumps([
-            {"table": t, "query": n, "selectivity_pct": s, **{m: {"wall_ms": v["wall_ms"], "bytes_over_link": v["bytes_over_link"]} for m, v in r.items()}}
-            for t, n, s, r in results
-        ], indent=2))
+        Path(args.json).write_text(json.dumps(records, indent=2))
+    if args.chart:
+        charts.selectivity(records, args.chart, f"Smart SSD selectivity sweep, profile {args.profile}{override}, {args.page_encoding} pages")
     return 0 if ok else 1
 
 
@@ -195,6 +199,7 @@ def main() -> int:
     sel.add_argument("--page-encoding", choices=["plain", "compact"], default="plain", help="how the tables' pages are encoded")
     sel.add_argument("--compute-slowdown", type=float, help="override the profile's compute slowdown (a what-if device CPU)")
     sel.add_argument("--json")
+    sel.add_argument("--chart", help="also draw the sweep into this file (png, svg or pdf)")
     for p in (q6, sel):
         p.add_argument("--repeat", type=int, default=3)
         p.add_argument("--threads", type=int, default=2)

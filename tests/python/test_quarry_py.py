@@ -249,3 +249,15 @@ def test_select_query_files():
     assert len(q.select_query_files("ssb", None)) == len(q.query_files("ssb"))
     with pytest.raises(ValueError, match="q99"):
         q.select_query_files("tpch", "q1,q99")
+
+
+def test_benchmark_charts_are_drawn_from_the_scripts_json(tmp_path):
+    import charts
+
+    modes = lambda on, off: {"on": {"wall_ms": on}, "off": {"wall_ms": off}, "auto": {"wall_ms": min(on, off)}}  # noqa: E731
+    sweep = [{"table": t, "query": qy, "selectivity_pct": s, **modes(10 * s, 50)} for t in ("a", "b") for qy in ("x", "y") for s in (0.1, 1, 100)]
+    charts.selectivity(sweep, tmp_path / "sweep.png")
+    graph = [{"scale": s, "memory": "1GB", "bfs_s": s / 10, "pr_s": s / 5, "scipy_bfs_s": s / 40, "scipy_pr_s": None} for s in (20, 22)]
+    charts.graph(graph, tmp_path / "graph.svg")
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (tmp_path / "graph.svg").read_bytes()[:500]
