@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 # The `ci` profile (see Cargo.toml) trades run-time speed for a much shorter clean build.
 cargo build --profile ci --locked --bin quarry
-cargo test --profile ci --locked --workspace
+# Each fuzz target (crates/quarry-flight/tests/flight.rs, `mod fuzz`) runs 60 s in CI.
+QUARRY_FUZZ_SECONDS="${QUARRY_FUZZ_SECONDS:-60}" cargo test --profile ci --locked --workspace
 
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 export QUARRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/ci/quarry"

@@ -220,3 +220,158 @@ async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
     let error = client.do_get(request).await.unwrap_err();
     assert!(error.message().contains("link codec 7"), "{error}");
 }
+
+/// Fuzz targets: what a node or a loader reads from outside (a Flight ticket and the fragment
+/// in it, a manifest file, a CSV file) is decoded from mutations of valid inputs and from
+/// arbitrary bytes; each must give a value or an error, never a panic. Each target runs
+/// `QUARRY_FUZZ_SECONDS` seconds (default 3), in rounds of 256 cases whose seeds are 0, 1, 2, ...:
+/// a failure names its seed and the shrunk input, and `QUARRY_FUZZ_SEED=N` replays that round.
+mod fuzz {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use datafusion::execution::TaskContext;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use quarry_flight::wire::{decode_ticket, encode_ticket};
+    use quarry_storage::fragment::LeafResolver;
+    use quarry_storage::{Fragment, LinkCodec, decode_fragment, encode_fragment};
+    use quarry_table::csv_import::{CsvBatchReader, CsvOptions, infer_csv_schema};
+    use quarry_table::{Warehouse, WriteMode};
+
+    /// A byte edit: overwrite, insert or delete at a position (taken modulo the length).
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Set(usize, u8),
+        Insert(usize, u8),
+        Delete(usize),
+        Truncate(usize),
+    }
+
+    fn edits() -> impl Strategy<Value = Vec<Edit>> {
+        let edit = prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(p, b)| Edit::Set(p, b)),
+            (any::<usize>(), any::<u8>()).prop_map(|(p, b)| Edit::Insert(p, b)),
+            any::<usize>().prop_map(Edit::Delete),
+            any::<usize>().prop_map(Edit::Truncate),
+        ];
+        prop::collection::vec(edit, 1..8)
+    }
+
+    fn apply(seed: &[u8], edits: &[Edit]) -> Vec<u8> {
+        let mut bytes = seed.to_vec();
+        for edit in edits {
+            let at = |p: usize, len: usize| if len == 0 { 0 } else { p % len };
+            match *edit {
+                Edit::Set(p, b) if !bytes.is_empty() => {
+                    let i = at(p, bytes.len());
+                    bytes[i] = b;
+                }
+                Edit::Insert(p, b) => {
+                    let i = at(p, bytes.len() + 1);
+                    bytes.insert(i, b);
+                }
+                Edit::Delete(p) if !bytes.is_empty() => {
+                    let i = at(p, bytes.len());
+                    bytes.remove(i);
+                }
+                Edit::Truncate(p) => bytes.truncate(at(p, bytes.len() + 1)),
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    /// Inputs: mutations of one of `seeds`, or arbitrary bytes.
+    fn inputs(seeds: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+        let count = seeds.len();
+        prop_oneof![
+            4 => (0..count, edits()).prop_map(move |(i, e)| apply(&seeds[i], &e)),
+            1 => prop::collection::vec(any::<u8>(), 0..512),
+        ]
+    }
+
+    /// Runs `check` on `strategy`'s inputs for the time budget (see the module docs).
+    fn fuzz<S: Strategy>(name: &str, strategy: S, check: impl Fn(S::Value)) {
+        let budget = Duration::from_secs_f64(std::env::var("QUARRY_FUZZ_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0));
+        let replay: Option<u64> = std::env::var("QUARRY_FUZZ_SEED").ok().and_then(|s| s.parse().ok());
+        let started = Instant::now();
+        let (mut seed, mut cases) = (replay.unwrap_or(0), 0u64);
+        loop {
+            let mut key = [0u8; 32];
+            key[..8].copy_from_slice(&seed.to_le_bytes());
+            let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &key);
+            let mut runner = TestRunner::new_with_rng(Config { cases: 256, failure_persistence: None, ..Config::default() }, rng);
+            let result = runner.run(&strategy, |input| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(input))).map_err(|_| TestCaseError::fail("panicked"))
+            });
+            if let Err(e) = result {
+                panic!("fuzz target {name}: seed {seed} failed (replay with QUARRY_FUZZ_SEED={seed}): {e:?}");
+            }
+            cases += 256;
+            seed += 1;
+            if replay.is_some() || started.elapsed() >= budget {
+                break;
+            }
+        }
+        eprintln!("fuzz target {name}: {cases} cases in {:.1} s, no panic", started.elapsed().as_secs_f64());
+    }
+
+    #[test]
+    fn ticket_and_fragment_decoding() {
+        let leaf = super::leaf("t", vec![], &["id", "value"], super::schema()).with_segments(1, vec!["s".into()]);
+        let scan: Arc<dyn datafusion::physical_plan::ExecutionPlan> = Arc::new(leaf);
+        let predicate = Arc::new(super::BinaryExpr::new(Arc::new(super::Column::new("id", 0)), super::Operator::Lt, super::lit(10i64)));
+        let filter = Arc::new(super::FilterExec::try_new(predicate, Arc::clone(&scan)).unwrap());
+        let seeds: Vec<Vec<u8>> = [scan, filter]
+            .into_iter()
+            .map(|plan| encode_ticket(&Fragment { link_codec: LinkCodec::Lz4, ..encode_fragment(plan).unwrap() }).to_vec())
+            .collect();
+        let ctx = TaskContext::default();
+        let resolve: LeafResolver = Arc::new(|_| Ok(super::schema()));
+        fuzz("ticket_and_fragment", inputs(seeds), |ticket| {
+            if let Ok(fragment) = decode_ticket(ticket.into()) {
+                let _ = decode_fragment(&fragment, &ctx, Arc::clone(&resolve));
+            }
+        });
+    }
+
+    #[test]
+    fn manifest_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let (warehouse, _) = super::warehouse(dir.path());
+        let snapshot = warehouse.table("t").unwrap();
+        let manifest = std::fs::read(&snapshot.manifest_path).unwrap();
+        fuzz("manifest", inputs(vec![manifest]), |text| {
+            std::fs::write(&snapshot.manifest_path, &text).unwrap();
+            if let Ok(read) = warehouse.table("t") {
+                let _ = warehouse.scrub(&[], &mut |_| {});
+                drop(read);
+            }
+        });
+    }
+
+    #[test]
+    fn csv_import() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("input.csv");
+        let seeds = vec![
+            b"id,price,day,name,flag\n1,2.5,2020-01-02,\"a, \"\"b\"\"\",true\n2,,1999-12-31,x,false\n".to_vec(),
+            b"a;b\n1;1e300\n-9223372036854775808;\"q\nr\"\n".to_vec(),
+        ];
+        let warehouse = Warehouse::open(dir.path().join("wh")).unwrap();
+        fuzz("csv", inputs(seeds), |text| {
+            std::fs::write(&path, &text).unwrap();
+            for delimiter in [b',', b';'] {
+                let options = CsvOptions { delimiter, ..CsvOptions::default() };
+                let Ok(schema) = infer_csv_schema(&path, &options) else { continue };
+                let Ok(reader) = CsvBatchReader::try_new(&path, schema.clone(), options) else { continue };
+                // A load through the table layer: all or nothing.
+                let Ok(writer) = warehouse.begin_write("fuzzed", &schema, WriteMode::Replace, Default::default(), vec![]) else { continue };
+                if let Ok(segments) = quarry_table::ingest::write_batches(&writer, reader, &|_| {}) {
+                    let _ = writer.commit(segments, vec![]);
+                }
+            }
+        });
+    }
+}
