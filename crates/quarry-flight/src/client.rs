@@ -86,7 +86,7 @@ impl RemoteStorageNode {
             // A plaintext call to a node serving TLS fails in HTTP/2 or below, never with a
             // node's answer: name the likely cause.
             let message = e.message();
-            let transport = message.contains("transport error") || message.contains("h2 protocol error");
+            let transport = ["transport error", "h2 protocol error", "operation was canceled", "connection"].iter().any(|m| message.contains(m));
             if !tls && transport { format!("{message} (a node that serves TLS is named grpc+tls://{address})") } else { message.to_string() }
         })?;
         Ok(node)
