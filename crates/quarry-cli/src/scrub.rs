@@ -82,8 +82,7 @@ pub async fn run(target: &Target, args: ScrubArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
     } else {
         for damage in &report.damage {
-            let bytes = damage.bytes.as_ref().map(|b| format!(" bytes {}..{}", b.start, b.end)).unwrap_or_default();
-            println!("damaged\t{}\t{}{bytes}: {}", damage.name, damage.file.display(), damage.reason);
+            println!("damaged\t{}\t{}: {}", damage.name, damage.location(), damage.reason);
         }
         println!(
             "scrubbed {} tables and {} graphs: {} files, {:.1} MB verified in {:.2} s; {} damaged, {} without checksums",

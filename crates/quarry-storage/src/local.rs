@@ -239,8 +239,7 @@ impl LocalStorageNode {
                 match scrub_paced(warehouse, Vec::new(), limit, Arc::clone(&counters)).await {
                     Ok(report) => {
                         for damage in &report.damage {
-                            let bytes = damage.bytes.as_ref().map(|b| format!(" bytes {}..{}", b.start, b.end)).unwrap_or_default();
-                            eprintln!("quarry: {name}: scrub found damage in {} {}{bytes}: {}", damage.name, damage.file.display(), damage.reason);
+                            eprintln!("quarry: {name}: scrub found damage in {} {}: {}", damage.name, damage.location(), damage.reason);
                         }
                         counters.scrub_damage.store(report.damage.len() as u64, Ordering::Relaxed);
                         counters.scrub_passes.fetch_add(1, Ordering::Relaxed);

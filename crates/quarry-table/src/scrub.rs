@@ -49,6 +49,16 @@ pub struct Damage {
     pub reason: String,
 }
 
+impl Damage {
+    /// The file and, for damage within it, the byte range: `lineitem/data/x.parquet bytes 0..65536`.
+    pub fn location(&self) -> String {
+        match &self.bytes {
+            Some(b) => format!("{} bytes {}..{}", self.file.display(), b.start, b.end),
+            None => self.file.display().to_string(),
+        }
+    }
+}
+
 impl ScrubReport {
     /// Adds another node's (or table's) findings.
     pub fn merge(&mut self, other: ScrubReport) {
