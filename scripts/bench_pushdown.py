@@ -7,7 +7,8 @@ off (passthrough) and auto, in one run, with the ratios printed.
                1 Gbit/s link (--link-mbps 125).
   selectivity  The Smart SSD paper's sweep (Do et al. 2013, sec. 4.2): Synthetic64 and
                Synthetic4, selectivity 0.1%, 1%, 10%, 100%, the selection query and the
-               selection+AVG query, on a node bounded by the smartssd-2013 profile.
+               selection+AVG query, on a node bounded by the smartssd-2013 profile; time, link
+               bytes and the energy estimate (whole system and I/O subsystem) of each mode.
 
 Each run is `quarry sql --nodes URL --pushdown MODE --format none --stats FILE`; times are the
 query's own wall time from --stats (best of --repeat after a warm-up run, modes interleaved),
@@ -158,8 +159,8 @@ def bench_selectivity(args) -> int:
                     )
     override = "" if args.compute_slowdown is None else f" with compute_slowdown {args.compute_slowdown:g}"
     print(f"\nSmart SSD selectivity sweep, profile {args.profile}{override}, {args.page_encoding} pages, {args.rows:,} rows per table, host threads {args.threads}")
-    print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto chose | auto/best | link MB on | link MB off |")
-    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+    print("| table | query | selectivity | on ms | off ms | auto ms | off/on | auto chose | auto/best | link MB on | link MB off | J on | J off | energy off/on | I/O J on | I/O J off |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst = 0.0
     for table, name, selectivity, t in results:
         on, off, auto = t["on"]["wall_ms"], t["off"]["wall_ms"], t["auto"]["wall_ms"]
@@ -168,18 +169,32 @@ def bench_selectivity(args) -> int:
         print(
             f"| {table} | {name} | {selectivity:g}% | {on:.0f} | {off:.0f} | {auto:.0f} | {off / on:.2f} | {chosen(t)} | {ratio:.2f} |"
             f" {t['on']['bytes_over_link'] / 1e6:.1f} | {t['off']['bytes_over_link'] / 1e6:.1f} |"
+            f" {t['on']['energy_j']:.1f} | {t['off']['energy_j']:.1f} | {t['off']['energy_j'] / t['on']['energy_j']:.2f} |"
+            f" {t['on']['io_subsystem_j']:.2f} | {t['off']['io_subsystem_j']:.2f} |"
         )
     ok = worst <= 1.10
     print(f"\ntarget: auto never more than 10% slower than the better of on and off: worst auto/best {worst:.2f}: {'met' if ok else 'NOT met'}")
-    records = [
-        {"table": t, "query": n, "selectivity_pct": s, **{m: {"wall_ms": v["wall_ms"], "bytes_over_link": v["bytes_over_link"]} for m, v in r.items()}}
-        for t, n, s, r in results
-    ]
+    print_energy_shape(results)
+    kept = ("wall_ms", "bytes_over_link", "energy_j", "io_subsystem_j", "energy_by_component")
+    records = [{"table": t, "query": n, "selectivity_pct": s, **{m: {k: v[k] for k in kept} for m, v in r.items()}} for t, n, s, r in results]
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=2))
     if args.chart:
         charts.selectivity(records, args.chart, f"Smart SSD selectivity sweep, profile {args.profile}{override}, {args.page_encoding} pages")
     return 0 if ok else 1
+
+
+def print_energy_shape(results: list) -> None:
+    """Do 2013's energy shape (sec. 4.2, Fig. 5-6): pushdown saves the most energy at the lowest
+    selectivity and less, or none, at 100%. Per table and query: passthrough's energy over
+    pushdown's at each end of the sweep."""
+    print("\nenergy, passthrough / pushdown (whole system; > 1: pushdown saves energy)")
+    for table, name in dict.fromkeys((t, n) for t, n, _, _ in results):
+        sweep = sorted((s, r) for t, n, s, r in results if (t, n) == (table, name))
+        (low, _), (high, _) = sweep[0], sweep[-1]
+        saving = [r["off"]["energy_j"] / r["on"]["energy_j"] for _, r in (sweep[0], sweep[-1])]
+        shape = "the paper's shape" if saving[0] > 1 and saving[1] < saving[0] else "NOT the paper's shape"
+        print(f"  {table} {name}: {saving[0]:.2f} at {low:g}%, {saving[1]:.2f} at {high:g}%: {shape}")
 
 
 def main() -> int:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import quarry_py as q
 
@@ -50,3 +52,92 @@ def test_a_trace_of_one_request_type_costs_its_table_row(tmp_path):
     bad.write_text("0 R f 0 8192\n0.1 X f 0 8192\n")
     error = q.run_quarry(["model", "emos", bad, "--platform", "android", "--cache", "1MB"], check=False)
     assert error.returncode != 0 and "bad.trace: trace line 2: the operation is not R or W" in error.stderr, error.stderr
+
+
+# ---- energy accounting: --stats, EXPLAIN ANALYZE, --optimize energy -------------------------
+
+COMPONENTS = {"host_idle", "host_cpu", "host_dram", "link", "device_idle", "device_cpu", "device_dram", "flash_read", "flash_write"}
+SELECTIVE = "SELECT l_orderkey, l_extendedprice FROM lineitem WHERE l_quantity < 2"
+
+
+def _profile(name):
+    return json.loads((Path(__file__).resolve().parents[2] / "profiles" / f"{name}.json").read_text())
+
+
+def _stats_of(warehouse, tmp_path, sql, *flags):
+    stats = tmp_path / "stats.json"
+    q.run_quarry([*flags, "sql", sql, "--format", "none", "--stats", stats], warehouse)
+    return json.loads(stats.read_text())
+
+
+def test_stats_price_each_component_by_the_profiles_figures(tpch_warehouse, tmp_path):
+    """The same selective scan with pushdown and passthrough on a Smart SSD profile: every
+    component is the profile's (or the host's) figure times the work --stats counted, and
+    pushdown's energy moves from the link and host memory to the device's CPU."""
+    power = _profile("smartssd-2013")["power"]
+    runs = {mode: _stats_of(tpch_warehouse, tmp_path, SELECTIVE, "--profile", "smartssd-2013", "--pushdown", mode) for mode in ("on", "off")}
+    for mode, s in runs.items():
+        parts = s["energy_by_component"]
+        assert set(parts) == COMPONENTS, parts
+        assert abs(s["energy_j"] - sum(parts.values())) < 1e-6 * s["energy_j"], s
+        io = sum(parts[c] for c in COMPONENTS if not c.startswith("host_"))
+        assert abs(s["io_subsystem_j"] - io) < 1e-9 + 1e-6 * io and s["io_subsystem_j"] < s["energy_j"]
+        node = s["nodes"]["local"]
+        near = lambda a, b: abs(a - b) <= 1e-6 * max(abs(b), 1e-9)  # noqa: E731
+        assert near(parts["flash_read"], node["bytes_read"] * power["flash_read_nj_per_byte"] * 1e-9), (mode, parts, node)
+        assert near(parts["link"], node["bytes_over_link"] * power["link_nj_per_byte"] * 1e-9), (mode, parts, node)
+        assert near(parts["device_cpu"], node["device_cpu_ms"] / 1e3 * power["cpu_w"]), (mode, parts, node)
+        assert near(parts["host_idle"], s["wall_ms"] / 1e3 * 235.0), (mode, parts["host_idle"], s["wall_ms"])
+        assert node["bytes_read"] == s["bytes_read_storage"] > 0
+    on, off = runs["on"], runs["off"]
+    assert on["energy_by_component"]["link"] < off["energy_by_component"]["link"] / 10, (on, off)
+    assert on["energy_by_component"]["host_dram"] < off["energy_by_component"]["host_dram"] / 10
+    assert on["energy_by_component"]["device_cpu"] > 0 == off["energy_by_component"]["device_cpu"]
+    # Passthrough decodes the stored bytes on the host: that is host CPU time, and energy.
+    assert off["host_cpu_ms"] > 0 and off["energy_by_component"]["host_cpu"] > 0
+
+
+def test_explain_analyze_ends_with_the_query_energy(tpch_warehouse):
+    out = q.run_quarry(["--profile", "kim-isp-2015", "sql", f"EXPLAIN ANALYZE {SELECTIVE}", "--format", "json"], tpch_warehouse).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()] if not out.lstrip().startswith("[") else json.loads(out)
+    last = rows[-1]
+    assert last["plan_type"] == "Query energy", rows
+    assert last["plan"].startswith("energy ") and all(f"{c}: " in last["plan"] for c in COMPONENTS), last["plan"]
+
+
+def test_power_figures_are_checked_and_optional(tpch_warehouse, tmp_path):
+    profile = _profile("smartssd-2013")
+    profile["power"]["link_nj_per_byte"] = -1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(profile))
+    proc = q.run_quarry(["--profile", bad, "sql", "select 1"], tpch_warehouse, check=False)
+    assert proc.returncode != 0 and "power.link_nj_per_byte" in proc.stderr, proc.stderr
+    del profile["power"]
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps(profile))
+    s = _stats_of(tpch_warehouse, tmp_path, SELECTIVE, "--profile", none)
+    assert "energy_j" not in s and "energy_by_component" not in s and s["bytes_read_storage"] > 0, s
+
+
+def _placements(explain_text):
+    """(operator, side, reason, storage joules, host joules) of each placement line."""
+    unit = {"kJ": 1e3, "J": 1.0, "mJ": 1e-3, "uJ": 1e-6}
+    found = []
+    pattern = r"placement: ([\w +]+) on (storage|host) \((\w+)\), predicted on storage [\d.]+ MB over link / [\d.]+ ms / ([\d.]+) (\w+), on host [\d.]+ MB / [\d.]+ ms / ([\d.]+) (\w+)"
+    for m in re.finditer(pattern, explain_text):
+        found.append((m[1], m[2], m[3], float(m[4]) * unit[m[5]], float(m[6]) * unit[m[7]]))
+    return found
+
+
+def test_optimize_energy_places_by_predicted_joules(tpch_warehouse):
+    sql = f"EXPLAIN {SELECTIVE}"
+    text = q.run_quarry(["--profile", "smartssd-2013", "--optimize", "energy", "sql", sql, "--format", "csv"], tpch_warehouse).stdout
+    decisions = _placements(text)
+    assert decisions, text
+    for operator, side, reason, on_storage, on_host in decisions:
+        assert reason == "energy", decisions
+        assert (side == "storage") == (on_storage < on_host), (operator, side, on_storage, on_host)
+    timed = _placements(q.run_quarry(["--profile", "smartssd-2013", "sql", sql, "--format", "csv"], tpch_warehouse).stdout)
+    assert {d[2] for d in timed} == {"cost"}, timed
+    proc = q.run_quarry(["--optimize", "watts", "sql", "select 1"], tpch_warehouse, check=False)
+    assert proc.returncode != 0 and "time or energy" in proc.stderr, proc.stderr

@@ -50,6 +50,10 @@ struct Cli {
     /// (passthrough).
     #[arg(long, global = true, default_value = "auto")]
     pushdown: quarry_engine::PushdownMode,
+    /// What `--pushdown auto` minimizes: the query's time, or its energy (from the device
+    /// profiles' power figures).
+    #[arg(long, global = true, default_value = "time")]
+    optimize: quarry_engine::Objective,
     /// Device profile of the embedded storage node (built-in name or JSON file).
     #[arg(long, global = true)]
     profile: Option<String>,
@@ -123,6 +127,7 @@ fn main() -> ExitCode {
         token_file: cli.token_file.clone(),
         tls_ca: cli.tls_ca.clone(),
         pushdown: cli.pushdown,
+        objective: cli.optimize,
         star_join: cli.star_join,
         profile: cli.profile.clone(),
         threads,

@@ -88,10 +88,11 @@ async fn run_sql(session: &quarry_engine::QuarrySession, sql: &str) {
         let started = Instant::now();
         match run_statement(session, statement, OutputFormat::Table, None).await {
             Ok(stats) => println!(
-                "{} rows in {:.3}s ({:.1} MB read from storage)",
+                "{} rows in {:.3}s ({:.1} MB read from storage{})",
                 stats.rows_returned,
                 started.elapsed().as_secs_f64(),
-                stats.bytes_read_storage as f64 / 1e6
+                stats.bytes_read_storage as f64 / 1e6,
+                stats.energy.as_ref().map_or(String::new(), |e| format!("; {}", e.summary()))
             ),
             Err(message) => {
                 eprintln!("error: {message}");

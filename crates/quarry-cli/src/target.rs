@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, user_message};
+use quarry_engine::{EngineOptions, Objective, PushdownMode, QuarrySession, user_message};
 use quarry_flight::{RemoteStorageNode, read_token_file, upload_table};
 use quarry_storage::{DeviceProfile, LocalStorageNode, StorageNode};
 use quarry_table::manifest::storage_schema;
@@ -25,6 +25,8 @@ pub struct Target {
     pub tls_ca: Option<PathBuf>,
     /// Pushdown choice.
     pub pushdown: PushdownMode,
+    /// What automatic pushdown minimizes.
+    pub objective: Objective,
     /// Whether star joins run fused.
     pub star_join: bool,
     /// Device profile of the embedded node.
@@ -113,7 +115,7 @@ impl Target {
     /// A SQL session over the target's nodes.
     pub async fn session(&self) -> CliResult<QuarrySession> {
         let nodes = self.storage_nodes().await?;
-        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown, star_join: self.star_join, memory_limit: self.memory }).await.map_err(|e| user_message(&e))
+        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown, objective: self.objective, star_join: self.star_join, memory_limit: self.memory }).await.map_err(|e| user_message(&e))
     }
 }
 

@@ -1,9 +1,11 @@
 //! Per-query accounting: bytes read from storage, bytes over the link, rows and time, gathered
 //! from the executed plan's metrics.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::physical_plan::ExecutionPlan;
+use quarry_model::energy::{DevicePower, DeviceWork, Energy, HostPower, Work};
 use serde::Serialize;
 
 use quarry_storage::operator_io;
@@ -78,10 +80,54 @@ pub struct QueryStats {
     pub storage_ms: f64,
     /// Device CPU, pauses, link waits and spills on the nodes.
     pub device: DeviceStats,
-    /// Host CPU time of the host-side operators, milliseconds.
+    /// Host CPU time of the host-side operators and of receiving the fragments' output
+    /// (decoding stored bytes in passthrough), milliseconds.
     pub host_cpu_ms: f64,
     /// Every operator of the plan, in pre-order.
     pub operators: Vec<OperatorStats>,
+    /// What each storage node did, by node name.
+    pub nodes: BTreeMap<String, NodeWork>,
+    /// The query's energy by component (`energy_j`, `io_subsystem_j`, `energy_by_component`),
+    /// when every node's profile has power figures.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub energy: Option<Energy>,
+}
+
+/// One storage node's work for a query.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NodeWork {
+    /// Bytes it read from its files.
+    pub bytes_read: u64,
+    /// Bytes it spilled to its files.
+    pub bytes_spilled: u64,
+    /// Bytes it sent to the host.
+    pub bytes_over_link: u64,
+    /// Time its workers computed or paused for the profile's slower CPU, milliseconds: the
+    /// device's own CPU time.
+    pub device_cpu_ms: f64,
+}
+
+impl QueryStats {
+    /// Prices the query's work in joules: the host by `host`, each node by its profile's power
+    /// figures (`power` by node name). None if a node has no figures.
+    pub fn estimate_energy(&mut self, host: &HostPower, power: &BTreeMap<String, Option<DevicePower>>) {
+        let mut devices = Vec::with_capacity(self.nodes.len());
+        for (name, work) in &self.nodes {
+            let Some(Some(figures)) = power.get(name) else {
+                self.energy = None;
+                return;
+            };
+            let device = DeviceWork {
+                bytes_read: work.bytes_read,
+                bytes_written: work.bytes_spilled,
+                bytes_over_link: work.bytes_over_link,
+                cpu_s: work.device_cpu_ms / 1e3,
+            };
+            devices.push((figures, device));
+        }
+        let work = Work { wall_s: self.wall_ms / 1e3, host_cpu_s: self.host_cpu_ms / 1e3, devices };
+        self.energy = Some(Energy::of(&work, host));
+    }
 }
 
 impl QueryStats {
@@ -106,6 +152,8 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
             stats.segments_pruned += sum(metric::SEGMENTS_PRUNED);
             stats.rows_scanned += sum(metric::ROWS_SCANNED);
             stats.storage_ms += node_ns as f64 / 1e6;
+            // Decoding what the node sent (stored bytes in passthrough) is the host's work.
+            stats.host_cpu_ms += sum(metric::HOST_RECEIVE_NS) as f64 / 1e6;
             stats.device.cpu_ms += sum(metric::DEVICE_CPU_NS) as f64 / 1e6;
             stats.device.pause_ms += sum(metric::DEVICE_PAUSE_NS) as f64 / 1e6;
             stats.device.link_wait_ms += sum(metric::LINK_WAIT_NS) as f64 / 1e6;
@@ -121,6 +169,13 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 bytes_read_storage: sum(metric::BYTES_READ_STORAGE),
                 bytes_over_link: sum(metric::BYTES_OVER_LINK),
             });
+            for (node, node_stats) in fragment.node_stats_by_node() {
+                let work = stats.nodes.entry(node).or_default();
+                work.bytes_read += node_stats.bytes_read;
+                work.bytes_spilled += node_stats.spilled_bytes;
+                work.bytes_over_link += node_stats.link_bytes;
+                work.device_cpu_ms += (node_stats.device_cpu_ns + node_stats.device_pause_ns) as f64 / 1e6;
+            }
             // The operators that ran inside the fragment, as the nodes reported them.
             for op in fragment.node_stats().operators {
                 stats.operators.push(OperatorStats {

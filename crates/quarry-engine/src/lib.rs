@@ -24,7 +24,7 @@ pub mod star_join;
 pub mod stored_scan;
 
 pub use accounting::{DeviceStats, OperatorStats, QueryStats, Side};
-pub use placement::{PlacementRule, PushdownMode};
+pub use placement::{Objective, PlacementRule, PushdownMode};
 pub use output::{FormatSink, OutputFormat, ResultSink};
 pub use schema_text::parse_schema;
 pub use session::{EngineOptions, QuarrySession, QueryResult, user_message};

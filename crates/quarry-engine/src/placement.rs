@@ -31,6 +31,7 @@ use datafusion::common::Statistics;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs, StatisticsContext};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
+use quarry_model::energy::{DeviceWork, Energy, HostPower, Work, joules};
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
 use quarry_storage::star::StarProbeExec;
@@ -65,6 +66,27 @@ impl std::str::FromStr for PushdownMode {
     }
 }
 
+/// What `--pushdown auto` minimizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Objective {
+    /// The query's time (the default).
+    #[default]
+    Time,
+    /// The query's energy, from the nodes' power figures (time where a node has none).
+    Energy,
+}
+
+impl std::str::FromStr for Objective {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "time" => Ok(Objective::Time),
+            "energy" => Ok(Objective::Energy),
+            other => Err(format!("--optimize takes time or energy, not '{other}'")),
+        }
+    }
+}
+
 /// The prediction behind one placement decision, shown by `EXPLAIN`.
 #[derive(Debug, Clone)]
 pub struct Placement {
@@ -80,27 +102,36 @@ pub struct Placement {
     pub on_host: Prediction,
 }
 
-/// Predicted link bytes and time of a fragment plus the host work above it.
-#[derive(Debug, Clone, Copy)]
+/// Predicted link bytes, time and energy of a fragment plus the host work above it.
+#[derive(Debug, Clone)]
 pub struct Prediction {
     /// Bytes over the link.
     pub link_bytes: f64,
     /// Seconds.
     pub seconds: f64,
+    /// Host CPU seconds (decoding what arrives, the operators kept on the host).
+    pub host_cpu_s: f64,
+    /// Each node's work, by node name.
+    pub devices: Vec<(String, DeviceWork)>,
+    /// Joules, when every node has power figures.
+    pub joules: Option<f64>,
 }
 
 impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let side = if self.pushed { "storage" } else { "host" };
+        let energy = |p: &Prediction| p.joules.map_or(String::new(), |j| format!(" / {}", joules(j)));
         write!(
             f,
-            "placement: {} on {side} ({}), predicted on storage {:.2} MB over link / {:.1} ms, on host {:.2} MB / {:.1} ms",
+            "placement: {} on {side} ({}), predicted on storage {:.2} MB over link / {:.1} ms{}, on host {:.2} MB / {:.1} ms{}",
             self.operator,
             self.reason,
             self.on_node.link_bytes / 1e6,
             self.on_node.seconds * 1e3,
+            energy(&self.on_node),
             self.on_host.link_bytes / 1e6,
-            self.on_host.seconds * 1e3
+            self.on_host.seconds * 1e3,
+            energy(&self.on_host)
         )
     }
 }
@@ -108,6 +139,8 @@ impl fmt::Display for Placement {
 /// The placement rule (see the module docs).
 pub struct PlacementRule {
     mode: PushdownMode,
+    objective: Objective,
+    host_power: HostPower,
     nodes: HashMap<String, NodeDescription>,
     /// Nodes in this process: their batches cost the host nothing to receive.
     in_process: HashSet<String>,
@@ -129,7 +162,41 @@ impl PlacementRule {
     pub fn new(mode: PushdownMode, nodes: Vec<NodeDescription>, in_process: HashSet<String>, host: Calibration, host_threads: usize) -> Self {
         let nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
         let decode_ctx = SessionStateBuilder::new().with_default_features().build().task_ctx();
-        PlacementRule { mode, nodes, in_process, host, host_threads: host_threads.max(1), decode_ctx }
+        PlacementRule {
+            mode,
+            objective: Objective::Time,
+            host_power: HostPower::do_2013(),
+            nodes,
+            in_process,
+            host,
+            host_threads: host_threads.max(1),
+            decode_ctx,
+        }
+    }
+
+    /// The same rule minimizing `objective` under `--pushdown auto`, pricing energy with the
+    /// host's `host_power` and each node's profile.
+    pub fn with_objective(mut self, objective: Objective, host_power: HostPower) -> Self {
+        self.objective = objective;
+        self.host_power = host_power;
+        self
+    }
+
+    /// `prediction` with its energy: the work it predicts over its predicted time.
+    fn priced(&self, mut prediction: Prediction) -> Prediction {
+        let mut devices = Vec::with_capacity(prediction.devices.len());
+        for (name, work) in &prediction.devices {
+            match self.nodes.get(name).and_then(|d| d.profile.power.as_ref()) {
+                Some(power) => devices.push((power, work.clone())),
+                None => {
+                    prediction.joules = None;
+                    return prediction;
+                }
+            }
+        }
+        let work = Work { wall_s: prediction.seconds, host_cpu_s: prediction.host_cpu_s, devices };
+        prediction.joules = Some(Energy::of(&work, &self.host_power).energy_j);
+        prediction
     }
 
     fn visit(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
@@ -231,7 +298,11 @@ impl PlacementRule {
         let on_node = self.fragment_cost(pushed, partitions);
         let base = self.fragment_cost(below, partitions);
         let host_ns: f64 = chain.iter().map(|op| op.children().first().map_or(0.0, |input| rows(input)) * op_ns_per_row(op.as_ref(), &self.host)).sum();
-        let on_host = Prediction { link_bytes: base.link_bytes, seconds: base.seconds + host_ns / 1e9 / self.host_threads as f64 };
+        let on_host = self.priced(Prediction {
+            seconds: base.seconds + host_ns / 1e9 / self.host_threads as f64,
+            host_cpu_s: base.host_cpu_s + host_ns / 1e9,
+            ..base
+        });
         let names: Vec<&str> = chain.iter().map(|op| op.name()).collect();
         self.placement(names.join(" + "), on_node, on_host)
     }
@@ -240,7 +311,13 @@ impl PlacementRule {
         let on_node = self.fragment_cost(root, partitions);
         let (l, r) = (self.fragment_cost(left.root(), left.partitions()), self.fragment_cost(right.root(), right.partitions()));
         let host_ns = (rows(left.root()) + rows(right.root())) * self.host.join_ns_per_row;
-        let on_host = Prediction { link_bytes: l.link_bytes + r.link_bytes, seconds: l.seconds.max(r.seconds) + host_ns / 1e9 / self.host_threads as f64 };
+        let on_host = self.priced(Prediction {
+            link_bytes: l.link_bytes + r.link_bytes,
+            seconds: l.seconds.max(r.seconds) + host_ns / 1e9 / self.host_threads as f64,
+            host_cpu_s: l.host_cpu_s + r.host_cpu_s + host_ns / 1e9,
+            devices: l.devices.into_iter().chain(r.devices).collect(),
+            joules: None,
+        });
         self.placement("HashJoinExec".into(), on_node, on_host)
     }
 
@@ -248,10 +325,13 @@ impl PlacementRule {
         let (pushed, reason) = match self.mode {
             PushdownMode::On => (true, "forced by --pushdown on"),
             PushdownMode::Off => (false, "forced by --pushdown off"),
-            PushdownMode::Auto => {
-                let margin = if on_node.link_bytes * 2.0 > on_host.link_bytes { AUTO_MARGIN } else { 1.0 };
-                (on_node.seconds < on_host.seconds * margin, "cost")
-            }
+            PushdownMode::Auto => match (self.objective, on_node.joules, on_host.joules) {
+                (Objective::Energy, Some(node), Some(host)) => (node < host, "energy"),
+                _ => {
+                    let margin = if on_node.link_bytes * 2.0 > on_host.link_bytes { AUTO_MARGIN } else { 1.0 };
+                    (on_node.seconds < on_host.seconds * margin, "cost")
+                }
+            },
         };
         Placement { operator, pushed, reason, on_node, on_host }
     }
@@ -336,6 +416,8 @@ impl PlacementRule {
         node_names.sort();
         node_names.dedup();
         let share = 1.0 / node_names.len().max(1) as f64;
+        let mut devices = Vec::with_capacity(node_names.len());
+        let mut host_cpu_s = 0.0;
         let seconds = node_names
             .iter()
             .map(|name| {
@@ -346,12 +428,21 @@ impl PlacementRule {
                     _ => (self.host_threads as f64, 1.0),
                 };
                 let compute = ((decode_ns + op_ns) / threads + join_ns) * share * slowdown / 1e9;
+                // The same work in CPU seconds (not spread over threads), for its energy.
+                let cpu_s = (decode_ns + op_ns + join_ns) * share * slowdown / 1e9;
                 let read = profile.and_then(|p| p.read_mbps).map_or(0.0, |mbps| read_bytes * share / (mbps * 1e6));
                 let link = profile.and_then(|p| p.link_mbps).map_or(0.0, |mbps| link_bytes * share / (mbps * 1e6));
                 // The host receives (decodes the IPC of) pushed-down batches while the node
                 // sends them; an embedded node's batches are handed over in memory, and stored
                 // bytes are decoded as Parquet (counted in `compute`).
                 let receive = if self.in_process.contains(*name) || passthrough { 0.0 } else { link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9 };
+                host_cpu_s += receive * self.host_threads as f64 + if passthrough { cpu_s } else { 0.0 };
+                let device_cpu_s = if passthrough { 0.0 } else { cpu_s };
+                let spilled = if join_ns > 0.0 { read_bytes * share } else { 0.0 };
+                devices.push((
+                    name.to_string(),
+                    DeviceWork { bytes_read: (read_bytes * share) as u64, bytes_written: spilled as u64, bytes_over_link: (link_bytes * share) as u64, cpu_s: device_cpu_s },
+                ));
                 if passthrough {
                     // DataFusion's Parquet reader fetches a row group's chunks, then decodes
                     // them: transfer and decoding take turns rather than overlap (Synthetic64
@@ -362,7 +453,7 @@ impl PlacementRule {
                 compute.max(read).max(link).max(receive)
             })
             .fold(0.0, f64::max);
-        Prediction { link_bytes, seconds }
+        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None })
     }
 }
 

@@ -8,8 +8,11 @@
 //! trusted to send what was asked). The node's closing statistics become this operator's
 //! metrics, which `EXPLAIN ANALYZE` shows and [`crate::QueryStats`] adds up.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -25,10 +28,10 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::Boundedness;
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use quarry_storage::{LinkCodec, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
 use crate::placement::Placement;
@@ -56,6 +59,9 @@ pub mod metric {
     pub const LINK_WAIT_NS: &str = "link_wait_ns";
     /// Bytes the node spilled (Grace hash join).
     pub const SPILLED_BYTES: &str = "spilled_bytes";
+    /// Host time spent receiving the fragment's output: decoding the stored bytes of a
+    /// passthrough read, or the batches (and their link compression) a node sent, nanoseconds.
+    pub const HOST_RECEIVE_NS: &str = "host_receive_ns";
 }
 
 /// One partition of a fragment: the node it runs on and, for each leaf of the fragment (in
@@ -93,7 +99,8 @@ pub struct FragmentExec {
     link_codec: LinkCodec,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
-    node_stats: Arc<Mutex<ScanStats>>,
+    /// The nodes' closing statistics, by node name.
+    node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
 }
 
 impl FragmentExec {
@@ -120,7 +127,7 @@ impl FragmentExec {
             link_codec: LinkCodec::None,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
-            node_stats: Arc::new(Mutex::new(ScanStats::default())),
+            node_stats: Arc::new(Mutex::new(BTreeMap::new())),
         })
     }
 
@@ -175,6 +182,15 @@ impl FragmentExec {
 
     /// The accumulated node-side statistics of the fragment's executions.
     pub fn node_stats(&self) -> ScanStats {
+        let mut total = ScanStats::default();
+        for stats in self.node_stats.lock().expect("stats lock").values() {
+            total.merge(stats);
+        }
+        total
+    }
+
+    /// The same, node by node.
+    pub fn node_stats_by_node(&self) -> BTreeMap<String, ScanStats> {
         self.node_stats.lock().expect("stats lock").clone()
     }
 
@@ -347,6 +363,7 @@ impl ExecutionPlan for FragmentExec {
         })
         .try_flatten()
         .boxed();
+        let response = TimedPolls { inner: response, time: MetricBuilder::new(&self.metrics).subset_time(metric::HOST_RECEIVE_NS, partition) };
         let batches = futures::stream::unfold(Some((response, checker)), |state| async move {
             let (mut response, mut checker) = state?;
             loop {
@@ -409,12 +426,29 @@ impl ExecutionPlan for FragmentExec {
     }
 }
 
+/// A stream that adds the time spent in its polls to `time`: the host's own work on a
+/// fragment's output (a poll that waits for the node returns at once).
+struct TimedPolls<S> {
+    inner: S,
+    time: Time,
+}
+
+impl<S: Stream + Unpin> Stream for TimedPolls<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let _timer = this.time.timer();
+        this.inner.poll_next_unpin(cx)
+    }
+}
+
 /// Validates a node's response stream and turns its closing statistics into metrics.
 struct ResponseChecker {
     node_name: String,
     schema: SchemaRef,
     counters: FragmentCounters,
-    node_stats: Arc<Mutex<ScanStats>>,
+    node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
     finished: bool,
 }
 
@@ -457,7 +491,7 @@ impl ResponseChecker {
                 c.device_pause_ns.add(stats.device_pause_ns as usize);
                 c.link_wait_ns.add(stats.link_wait_ns as usize);
                 c.spilled_bytes.add(stats.spilled_bytes as usize);
-                self.node_stats.lock().expect("stats lock").merge(&stats);
+                self.node_stats.lock().expect("stats lock").entry(node.clone()).or_default().merge(&stats);
                 Checked::Continue
             }
             Some(Err(e)) => Checked::Item(Err(DataFusionError::Execution(format!("storage node {node}: {}", crate::session::user_message(&e))))),

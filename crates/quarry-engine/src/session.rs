@@ -1,9 +1,11 @@
 //! A host session: SQL text in, results and accounting out.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
@@ -12,11 +14,13 @@ use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::analyze::AnalyzeExec;
 use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
 use futures::StreamExt;
+use quarry_model::energy::{COMPONENTS, DevicePower, Energy, HostPower, joules};
 use quarry_storage::StorageNode;
 
 use crate::accounting::QueryStats;
@@ -27,7 +31,7 @@ use crate::decimal_arith::DecimalArithRule;
 use crate::shared_subplan::SharedSubplanRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
-use crate::placement::{PlacementRule, PushdownMode};
+use crate::placement::{Objective, PlacementRule, PushdownMode};
 use crate::provider::NodeSchemaProvider;
 
 /// How a session runs queries.
@@ -37,6 +41,8 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Which operators go to the storage nodes.
     pub pushdown: PushdownMode,
+    /// What `--pushdown auto` minimizes: time or energy.
+    pub objective: Objective,
     /// Whether aggregates over star joins run as one fused star join (`StarAggregateExec`)
     /// rather than as a tree of hash joins.
     pub star_join: bool,
@@ -49,7 +55,7 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, star_join: true, memory_limit: None }
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, objective: Objective::Time, star_join: true, memory_limit: None }
     }
 }
 
@@ -88,6 +94,10 @@ fn apply_environment(config: &mut SessionConfig) -> Result<()> {
 pub struct QuarrySession {
     ctx: SessionContext,
     nodes: Vec<Arc<dyn StorageNode>>,
+    /// The host's power figures, for energy accounting.
+    host_power: HostPower,
+    /// Each node's power figures (its profile's), by node name.
+    device_power: BTreeMap<String, Option<DevicePower>>,
 }
 
 /// A collected query result.
@@ -141,8 +151,11 @@ impl QuarrySession {
         // The host's own rates: those the (first) node measured on its machine, which in
         // embedded mode is this one.
         let host_rates = descriptions[0].calibration.clone();
+        let device_power = descriptions.iter().map(|d| (d.name.clone(), d.profile.power.clone())).collect();
         let in_process = nodes.iter().filter(|n| n.in_process()).map(|n| n.name().to_string()).collect();
-        let placement = PlacementRule::new(options.pushdown, descriptions, in_process, host_rates, options.threads);
+        let host_power = HostPower::do_2013();
+        let placement =
+            PlacementRule::new(options.pushdown, descriptions, in_process, host_rates, options.threads).with_objective(options.objective, host_power.clone());
         // Placement runs first, on the plan as the planner built it (partial aggregates directly
         // above their inputs, before DataFusion adds repartitioning and coalescing).
         // Conjunct order before that: a pushed filter carries its order to the node.
@@ -154,7 +167,7 @@ impl QuarrySession {
         // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
         rules.push(Arc::new(SharedSubplanRule));
         let state = SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
-        let session = QuarrySession { ctx: SessionContext::new_with_state(state), nodes };
+        let session = QuarrySession { ctx: SessionContext::new_with_state(state), nodes, host_power, device_power };
         session.refresh_tables().await?;
         Ok(session)
     }
@@ -199,13 +212,27 @@ impl QuarrySession {
         let mut sink = sink_for(&schema)?;
         let mut stream = execute_stream(Arc::clone(&physical), self.ctx.task_ctx())?;
         let mut rows = 0u64;
+        // EXPLAIN ANALYZE's one batch comes after the query ran: it is held back to append the
+        // query's energy, which needs the finished metrics.
+        let analyze = physical.is::<AnalyzeExec>();
+        let mut held = Vec::new();
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             rows += batch.num_rows() as u64;
-            sink.write_batch(&batch)?;
+            if analyze { held.push(batch) } else { sink.write_batch(&batch)? }
+        }
+        let mut stats = QueryStats::from_plan(&physical, started.elapsed().as_secs_f64() * 1e3, rows);
+        stats.estimate_energy(&self.host_power, &self.device_power);
+        if analyze {
+            if let Some(energy) = &stats.energy {
+                held.push(energy_row(&schema, energy)?);
+            }
+            for batch in &held {
+                sink.write_batch(batch)?;
+            }
         }
         sink.finish()?;
-        Ok(QueryStats::from_plan(&physical, started.elapsed().as_secs_f64() * 1e3, rows))
+        Ok(stats)
     }
 
     /// Runs SQL text of exactly one statement and collects the result.
@@ -241,6 +268,19 @@ impl ResultSink for BorrowedCollect<'_> {
     fn finish(&mut self) -> Result<()> {
         Ok(())
     }
+}
+
+/// EXPLAIN ANALYZE's last row: the query's energy by component.
+fn energy_row(schema: &SchemaRef, energy: &Energy) -> Result<RecordBatch> {
+    let mut text = energy.summary();
+    for component in COMPONENTS {
+        text.push_str(&format!("\n  {component}: {}", joules(energy.energy_by_component[component])));
+    }
+    let columns: Vec<ArrayRef> = match schema.fields().len() {
+        2 => vec![Arc::new(StringArray::from(vec!["Query energy"])), Arc::new(StringArray::from(vec![text]))],
+        n => return datafusion::common::internal_err!("EXPLAIN ANALYZE returned {n} columns, expected 2"),
+    };
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Tables are created by `quarry load` / `quarry gen`, which commit atomically to the warehouse;

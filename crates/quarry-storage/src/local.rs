@@ -139,7 +139,7 @@ pub struct NodeCounters {
 impl LocalStorageNode {
     /// Serves the tables of `warehouse` with no device limits.
     pub fn new(warehouse: Warehouse) -> Self {
-        Self::with_profile(warehouse, DeviceProfile { name: "native".into(), compute_slowdown: 1.0, ..Default::default() })
+        Self::with_profile(warehouse, DeviceProfile::load("native").expect("the built-in native profile parses"))
             .expect("the native profile is valid")
     }
 

@@ -21,6 +21,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions,
     PutPayload, PutResult,
 };
+use quarry_model::energy::DevicePower;
 use serde::{Deserialize, Serialize};
 
 /// The limits a node runs under. Absent fields are unlimited.
@@ -50,6 +51,10 @@ pub struct DeviceProfile {
     /// Fragments admitted at once; the rest queue.
     #[serde(default)]
     pub max_sessions: Option<usize>,
+    /// Power figures for energy accounting, each with its source. Without them a query on
+    /// this node reports no energy.
+    #[serde(default)]
+    pub power: Option<DevicePower>,
 }
 
 fn one() -> f64 {
@@ -97,6 +102,9 @@ impl DeviceProfile {
         }
         if self.device_memory.is_some_and(|m| m < 64 << 10) {
             return Err("device_memory must be at least 64KiB".into());
+        }
+        if let Some(power) = &self.power {
+            power.validate()?;
         }
         Ok(())
     }
