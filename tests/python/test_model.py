@@ -141,3 +141,16 @@ def test_optimize_energy_places_by_predicted_joules(tpch_warehouse):
     assert {d[2] for d in timed} == {"cost"}, timed
     proc = q.run_quarry(["--optimize", "watts", "sql", "select 1"], tpch_warehouse, check=False)
     assert proc.returncode != 0 and "time or energy" in proc.stderr, proc.stderr
+
+
+def test_model_kim_reproduces_eq1_and_table3():
+    doc = json.loads(q.run_quarry(["model", "kim", "--json"]).stdout)
+    assert [(b["channels"], round(b["model_mb_s"])) for b in doc["bandwidths"]] == [(8, 743), (16, 2776), (16, 4904)], doc["bandwidths"]
+    cells = {(c["operation"], c["architecture"]): c for c in doc["table3"]}
+    assert set(cells) == {("scan", "CPU-ISP"), ("scan", "HW-ISP"), ("join", "CPU-ISP"), ("join", "HW-ISP")}
+    for key in [("scan", "HW-ISP"), ("join", "CPU-ISP"), ("join", "HW-ISP")]:
+        assert abs(cells[key]["model_cycles"] / cells[key]["paper_model_cycles"] - 1) < 0.10, cells[key]
+    # The CPU-ISP scan cell is reported as it is (Table 3's two scan cells need runs of different sizes).
+    assert cells[("scan", "CPU-ISP")]["error"] < -0.5
+    text = q.run_quarry(["model", "kim"]).stdout
+    assert "743" in text and "Table 3" in text and "Fig. 6" in text

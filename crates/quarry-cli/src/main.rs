@@ -92,7 +92,7 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Verify every segment of the tables against the checksums written with it.
     Scrub(scrub::ScrubArgs),
-    /// Models that explain runs (EMOS: the energy of a storage I/O trace).
+    /// Models that explain runs (EMOS: the energy of a storage I/O trace; Kim 2015's model).
     Model(model::ModelArgs),
 }
 

@@ -1,6 +1,8 @@
-//! `quarry model`: the models that explain runs. `emos` simulates a storage I/O trace's energy.
+//! `quarry model`: the models that explain runs. `emos` simulates a storage I/O trace's energy;
+//! `kim` prints Kim 2015's analytical model beside the paper's figures.
 
 use quarry_model::emos::{CacheConfig, EnergyTable, parse_trace, simulate};
+use quarry_model::kim;
 use quarry_storage::parse_size;
 
 use crate::CliResult;
@@ -17,6 +19,17 @@ enum Model {
     /// EMOS (Li 2018, ch. 4): the energy of a storage I/O trace through an LRU page cache, from
     /// a platform's energy per KB by request type, size and cache outcome (Table 4.4).
     Emos(EmosArgs),
+    /// Kim 2015's analytical model of scans and joins in the host, the SSD's CPU or its flash
+    /// controllers: eq. (1)'s bandwidths and Table 3, each beside the paper's figure, and Fig.
+    /// 6's throughputs.
+    Kim(KimArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct KimArgs {
+    /// Print the figures as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -41,7 +54,48 @@ struct EmosArgs {
 pub fn run(args: ModelArgs) -> CliResult {
     match args.model {
         Model::Emos(args) => emos(args),
+        Model::Kim(args) => kim(args),
     }
+}
+
+fn kim(args: KimArgs) -> CliResult {
+    let (bandwidths, table3, throughputs) = (kim::bandwidths(), kim::table3(), kim::throughputs());
+    if args.json {
+        let doc = serde_json::json!({ "bandwidths": bandwidths, "table3": table3, "throughputs": throughputs });
+        println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("Kim et al. 2015, eq. (1): flash array bandwidth (8 KB pages, t_R 50 us, 8 ways)");
+    println!("{:>8} {:>14} {:>12} {:>12}", "channels", "interface MB/s", "model MB/s", "paper MB/s");
+    for b in &bandwidths {
+        println!("{:>8} {:>14} {:>12.0} {:>12}", b.channels, b.interface_mb_s, b.model_mb_s, b.paper_mb_s);
+    }
+    println!("\nTable 3: model vs the paper's model and simulation, 200 MHz cycles (8 channels, 8 ways, 100 MB/s)");
+    println!("{:<5} {:<8} {:>14} {:>14} {:>7} {:>14}  data", "op", "arch", "model", "paper model", "error", "paper sim.");
+    for c in &table3 {
+        println!(
+            "{:<5} {:<8} {:>14.0} {:>14.0} {:>6.1}% {:>14.0}  {}",
+            c.operation,
+            c.architecture,
+            c.model_cycles,
+            c.paper_model_cycles,
+            c.error * 100.0,
+            c.paper_simulation_cycles,
+            c.data
+        );
+    }
+    println!(
+        "Table 3's scan cells imply runs of different sizes: the model's CPU-ISP/HW-ISP ratio does not depend on the size \
+         and is {:.2}, Table 3's {:.2} (see quarry-model's kim.rs)",
+        table3[0].model_cycles / table3[1].model_cycles,
+        table3[0].paper_model_cycles / table3[1].paper_model_cycles
+    );
+    println!("\nFig. 6: throughput over the whole SF 1 tables (lineitem scan; part joined with lineitem)");
+    println!("{:>8} {:>14} {:<8} {:>10} {:>10}", "channels", "interface MB/s", "arch", "scan MB/s", "join MB/s");
+    for t in &throughputs {
+        println!("{:>8} {:>14} {:<8} {:>10.0} {:>10.0}", t.channels, t.interface_mb_s, t.architecture, t.scan_mb_s, t.join_mb_s);
+    }
+    Ok(())
 }
 
 fn emos(args: EmosArgs) -> CliResult {
