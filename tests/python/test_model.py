@@ -154,3 +154,31 @@ def test_model_kim_reproduces_eq1_and_table3():
     assert cells[("scan", "CPU-ISP")]["error"] < -0.5
     text = q.run_quarry(["model", "kim"]).stdout
     assert "743" in text and "Table 3" in text and "Fig. 6" in text
+
+
+BOUNDS = {"flash read", "device CPU", "link", "host receive", "host decode"}
+
+
+def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehouse, tmp_path):
+    sql = "SELECT l_returnflag, sum(l_quantity) FROM lineitem JOIN orders ON l_orderkey = o_orderkey WHERE o_orderdate < DATE '1993-01-01' GROUP BY 1"
+    explain = q.run_quarry(["--profile", "smartssd-2013", "sql", f"EXPLAIN {sql}", "--format", "csv"], tpch_warehouse).stdout
+    predicted = re.findall(r"predicted ([\d.]+) ms \(bound: ([\w ]+)\)", explain)
+    assert len(predicted) >= 2 and {b for _, b in predicted} <= BOUNDS, explain
+    runs = []
+    for mode in ("on", "off"):
+        runs.append(_stats_of(tpch_warehouse, tmp_path, sql, "--profile", "smartssd-2013", "--pushdown", mode))
+        (tmp_path / f"{mode}.json").write_text(json.dumps(runs[-1]))
+    fragments = [op for op in runs[0]["operators"] if op["operator"] == "FragmentExec"]
+    assert fragments and all(op["predicted_ms"] > 0 and op["measured_ms"] > 0 and op["bound"] in BOUNDS for op in fragments), fragments
+    # A fragment runs within the query: its measured span cannot exceed the query's wall time.
+    assert all(op["measured_ms"] <= runs[0]["wall_ms"] for op in fragments)
+    doc = json.loads(q.run_quarry(["model", "check", tmp_path / "on.json", tmp_path / "off.json", "--json"]).stdout)
+    assert len(doc["fragments"]) == sum(1 for r in runs for op in r["operators"] if op["operator"] == "FragmentExec")
+    for f in doc["fragments"]:
+        assert abs(f["error"] - (f["predicted_ms"] / f["measured_ms"] - 1)) < 1e-9, f
+    assert doc["good"] == sum(1 for f in doc["fragments"] if abs(f["error"]) <= 0.25)
+    bad = q.run_quarry(["model", "check", tmp_path / "on.json", "--within", "0"], check=False)
+    assert bad.returncode != 0 and "--within" in bad.stderr
+    (tmp_path / "x.json").write_text("{}")
+    bad = q.run_quarry(["model", "check", tmp_path / "x.json"], check=False)
+    assert bad.returncode != 0 and "x.json" in bad.stderr and "operators" in bad.stderr

@@ -1,5 +1,6 @@
 //! `quarry model`: the models that explain runs. `emos` simulates a storage I/O trace's energy;
-//! `kim` prints Kim 2015's analytical model beside the paper's figures.
+//! `kim` prints Kim 2015's analytical model beside the paper's figures; `check` compares the
+//! placement model's predicted fragment times with the measured ones of finished runs.
 
 use quarry_model::emos::{CacheConfig, EnergyTable, parse_trace, simulate};
 use quarry_model::kim;
@@ -23,6 +24,34 @@ enum Model {
     /// controllers: eq. (1)'s bandwidths and Table 3, each beside the paper's figure, and Fig.
     /// 6's throughputs.
     Kim(KimArgs),
+    /// Compares the placement model's predicted time of each fragment with its measured time,
+    /// in the `--stats` files of finished runs.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// `--stats` JSON files of finished queries.
+    #[arg(required = true)]
+    runs: Vec<std::path::PathBuf>,
+    /// A prediction counts as good when within this share of the measured time.
+    #[arg(long, default_value_t = 0.25)]
+    within: f64,
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One fragment's predicted and measured time.
+#[derive(Debug)]
+struct FragmentCheck {
+    run: String,
+    table: String,
+    bound: String,
+    predicted_ms: f64,
+    measured_ms: f64,
+    /// predicted / measured - 1.
+    error: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,7 +84,47 @@ pub fn run(args: ModelArgs) -> CliResult {
     match args.model {
         Model::Emos(args) => emos(args),
         Model::Kim(args) => kim(args),
+        Model::Check(args) => check(args),
     }
+}
+
+fn check(args: CheckArgs) -> CliResult {
+    if !(args.within.is_finite() && args.within > 0.0) {
+        return Err(format!("--within must be a positive share (0.25 = 25%), not {}", args.within));
+    }
+    let mut fragments = Vec::new();
+    for path in &args.runs {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: not a --stats JSON file: {e}", path.display()))?;
+        let operators = doc.get("operators").and_then(|o| o.as_array()).ok_or_else(|| format!("{}: no 'operators' list (is it a --stats file?)", path.display()))?;
+        for op in operators {
+            let number = |key: &str| op.get(key).and_then(|v| v.as_f64());
+            let (Some(predicted_ms), Some(measured_ms)) = (number("predicted_ms"), number("measured_ms")) else { continue };
+            let text = |key: &str| op.get(key).and_then(|v| v.as_str()).unwrap_or("").to_string();
+            let error = if measured_ms > 0.0 { predicted_ms / measured_ms - 1.0 } else { f64::INFINITY };
+            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error });
+        }
+    }
+    let good = fragments.iter().filter(|f| f.error.abs() <= args.within).count();
+    let share = if fragments.is_empty() { 0.0 } else { good as f64 / fragments.len() as f64 };
+    if args.json {
+        let listed: Vec<serde_json::Value> = fragments
+            .iter()
+            .map(|f| {
+                serde_json::json!({ "run": f.run, "table": f.table, "bound": f.bound, "predicted_ms": f.predicted_ms,
+                                    "measured_ms": f.measured_ms, "error": f.error })
+            })
+            .collect();
+        let doc = serde_json::json!({ "within": args.within, "fragments": listed, "good": good, "share_good": share });
+        println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("{:<40} {:<20} {:<13} {:>12} {:>12} {:>8}", "run", "table", "bound", "predicted ms", "measured ms", "error");
+    for f in &fragments {
+        println!("{:<40} {:<20} {:<13} {:>12.1} {:>12.1} {:>7.0}%", f.run, f.table, f.bound, f.predicted_ms, f.measured_ms, f.error * 100.0);
+    }
+    println!("{good} of {} fragments ({:.0}%) predicted within {:.0}% of their measured time", fragments.len(), share * 100.0, args.within * 100.0);
+    Ok(())
 }
 
 fn kim(args: KimArgs) -> CliResult {

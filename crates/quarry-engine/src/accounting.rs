@@ -44,6 +44,16 @@ pub struct OperatorStats {
     pub bytes_read_storage: u64,
     /// Bytes it sent over the link, for scans.
     pub bytes_over_link: u64,
+    /// For a fragment: the placement model's predicted time, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_ms: Option<f64>,
+    /// For a fragment: the component the model says bounds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound: Option<String>,
+    /// For a fragment: its measured wall time (first partition's start to last one's end),
+    /// milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_ms: Option<f64>,
 }
 
 /// The device's side of a query: what storage nodes spent running its fragments.
@@ -168,6 +178,9 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 compute_ms: node_ns as f64 / 1e6,
                 bytes_read_storage: sum(metric::BYTES_READ_STORAGE),
                 bytes_over_link: sum(metric::BYTES_OVER_LINK),
+                predicted_ms: fragment.prediction().map(|(s, _)| s * 1e3),
+                bound: fragment.prediction().map(|(_, b)| b.to_string()),
+                measured_ms: fragment.measured_seconds().map(|s| s * 1e3),
             });
             for (node, node_stats) in fragment.node_stats_by_node() {
                 let work = stats.nodes.entry(node).or_default();
@@ -188,6 +201,9 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                     compute_ms: op.elapsed_ns as f64 / 1e6,
                     bytes_read_storage: 0,
                     bytes_over_link: 0,
+                    predicted_ms: None,
+                    bound: None,
+                    measured_ms: None,
                 });
             }
         }
@@ -203,6 +219,9 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 compute_ms: io.elapsed_ns as f64 / 1e6,
                 bytes_read_storage: 0,
                 bytes_over_link: 0,
+                predicted_ms: None,
+                bound: None,
+                measured_ms: None,
             });
         }
     }

@@ -115,6 +115,9 @@ pub struct Prediction {
     pub devices: Vec<(String, DeviceWork)>,
     /// Joules, when every node has power figures.
     pub joules: Option<f64>,
+    /// The component that bounds the time: `flash read`, `device CPU`, `link`, `host receive`
+    /// or (passthrough) `host decode`.
+    pub bound: &'static str,
 }
 
 impl fmt::Display for Placement {
@@ -317,6 +320,7 @@ impl PlacementRule {
             host_cpu_s: l.host_cpu_s + r.host_cpu_s + host_ns / 1e9,
             devices: l.devices.into_iter().chain(r.devices).collect(),
             joules: None,
+            bound: if l.seconds >= r.seconds { l.bound } else { r.bound },
         });
         self.placement("HashJoinExec".into(), on_node, on_host)
     }
@@ -379,6 +383,20 @@ impl PlacementRule {
             .map_or(LinkCodec::None, |(codec, _)| codec)
     }
 
+    /// Every fragment of `plan` with the model's prediction for it as it will run (EXPLAIN
+    /// shows it; `--stats` sets it beside the measured time for `quarry model check`).
+    fn predict_fragments(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(plan
+            .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
+                Some(fragment) => {
+                    let prediction = self.fragment_cost(fragment.root(), fragment.partitions());
+                    Ok(Transformed::yes(Arc::new(fragment.with_prediction(prediction.seconds, prediction.bound)) as Arc<dyn ExecutionPlan>))
+                }
+                None => Ok(Transformed::no(node)),
+            })?
+            .data)
+    }
+
     /// Predicted time of running `root` on the partitions' nodes: per node, the slowest of
     /// reading, computing and sending its share; nodes run in parallel.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
@@ -418,9 +436,9 @@ impl PlacementRule {
         let share = 1.0 / node_names.len().max(1) as f64;
         let mut devices = Vec::with_capacity(node_names.len());
         let mut host_cpu_s = 0.0;
-        let seconds = node_names
+        let (seconds, bound) = node_names
             .iter()
-            .map(|name| {
+            .map(|name| -> (f64, &'static str) {
                 let profile = self.nodes.get(*name).map(|d| &d.profile);
                 // Passthrough decodes on the host's threads, pushdown on the device's.
                 let (threads, slowdown) = match profile {
@@ -448,12 +466,15 @@ impl PlacementRule {
                     // them: transfer and decoding take turns rather than overlap (Synthetic64
                     // PLAIN, 1% of rows, smartssd-2013: passthrough 180-300 ms where their max
                     // predicted 118 ms, pushdown 130-190 ms).
-                    return read.max(link) + compute;
+                    let (transfer, bound) = if read >= link { (read, "flash read") } else { (link, "link") };
+                    return (transfer + compute, if compute > transfer { "host decode" } else { bound });
                 }
-                compute.max(read).max(link).max(receive)
+                [(compute, "device CPU"), (read, "flash read"), (link, "link"), (receive, "host receive")]
+                    .into_iter()
+                    .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a })
             })
-            .fold(0.0, f64::max);
-        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None })
+            .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
+        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None, bound })
     }
 }
 
@@ -461,7 +482,7 @@ impl PhysicalOptimizerRule for PlacementRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let plan = plan.transform_up(|node| self.visit(node))?.data;
         if self.mode == PushdownMode::Off {
-            return Ok(plan);
+            return self.predict_fragments(plan);
         }
         // Compression of what pushed-down fragments send, where it pays.
         let plan = plan
@@ -478,7 +499,7 @@ impl PhysicalOptimizerRule for PlacementRule {
             Some(fragment) => Ok(Transformed::yes(Arc::new(fragment.accepting_join_filters()?) as Arc<dyn ExecutionPlan>)),
             None => Ok(Transformed::no(node)),
         })?;
-        Ok(accepting.data)
+        self.predict_fragments(accepting.data)
     }
 
     fn name(&self) -> &str {

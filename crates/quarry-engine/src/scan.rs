@@ -13,6 +13,7 @@ use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -101,6 +102,10 @@ pub struct FragmentExec {
     metrics: ExecutionPlanMetricsSet,
     /// The nodes' closing statistics, by node name.
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
+    /// The placement model's predicted seconds and the component bounding them.
+    prediction: Option<(f64, &'static str)>,
+    /// When the fragment ran: the first partition's first poll and the last one's end.
+    span: Arc<Mutex<Option<(Instant, Instant)>>>,
 }
 
 impl FragmentExec {
@@ -128,6 +133,8 @@ impl FragmentExec {
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(BTreeMap::new())),
+            prediction: None,
+            span: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -139,6 +146,7 @@ impl FragmentExec {
         fragment.accepts_join_filters = self.accepts_join_filters;
         fragment.join_filters = self.join_filters.clone();
         fragment.link_codec = self.link_codec;
+        fragment.prediction = self.prediction;
         if fragment.is_passthrough() {
             fragment.pruning_filters = self.pruning_filters.clone();
         }
@@ -158,6 +166,24 @@ impl FragmentExec {
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
         fragment.link_codec = codec;
         Ok(fragment)
+    }
+
+    /// The same fragment with the placement model's prediction: `seconds`, bounded by `bound`.
+    pub fn with_prediction(&self, seconds: f64, bound: &'static str) -> Self {
+        let mut fragment = self.with_root(Arc::clone(&self.root), None).expect("the same root and partitions");
+        fragment.prediction = Some((seconds, bound));
+        fragment
+    }
+
+    /// The placement model's predicted seconds and bounding component.
+    pub fn prediction(&self) -> Option<(f64, &'static str)> {
+        self.prediction
+    }
+
+    /// Wall time from the first partition's start to the last one's end, seconds (None
+    /// before it ran).
+    pub fn measured_seconds(&self) -> Option<f64> {
+        self.span.lock().expect("span lock").map(|(start, end)| end.duration_since(start).as_secs_f64())
     }
 
     /// The node-side plan.
@@ -266,6 +292,9 @@ impl DisplayAs for FragmentExec {
         for decision in &self.decisions {
             write!(f, ", {decision}")?;
         }
+        if let Some((seconds, bound)) = self.prediction {
+            write!(f, ", predicted {:.1} ms (bound: {bound})", seconds * 1e3)?;
+        }
         // The node-side plan, innermost last, on one line.
         let mut storage_side = Vec::new();
         self.root
@@ -331,6 +360,8 @@ impl ExecutionPlan for FragmentExec {
             counters,
             node_stats: Arc::clone(&self.node_stats),
             finished: false,
+            span: Arc::clone(&self.span),
+            started: None,
         };
         // Passthrough reads the stored bytes and decodes them here, unless a join filter
         // turns it into a filter the node runs.
@@ -366,6 +397,7 @@ impl ExecutionPlan for FragmentExec {
         let response = TimedPolls { inner: response, time: MetricBuilder::new(&self.metrics).subset_time(metric::HOST_RECEIVE_NS, partition) };
         let batches = futures::stream::unfold(Some((response, checker)), |state| async move {
             let (mut response, mut checker) = state?;
+            checker.started.get_or_insert_with(Instant::now);
             loop {
                 match checker.check(response.next().await) {
                     Checked::Continue => continue,
@@ -450,6 +482,9 @@ struct ResponseChecker {
     counters: FragmentCounters,
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
     finished: bool,
+    /// The fragment's span, widened by this partition's when it ends.
+    span: Arc<Mutex<Option<(Instant, Instant)>>>,
+    started: Option<Instant>,
 }
 
 enum Checked {
@@ -500,7 +535,12 @@ impl ResponseChecker {
             None if !self.finished => Checked::Item(Err(DataFusionError::Execution(format!(
                 "storage node {node} ended the fragment without its final statistics (the result would be incomplete)"
             )))),
-            None => Checked::End,
+            None => {
+                let (start, end) = (self.started.unwrap_or_else(Instant::now), Instant::now());
+                let mut span = self.span.lock().expect("span lock");
+                *span = Some(span.map_or((start, end), |(s, e)| (s.min(start), e.max(end))));
+                Checked::End
+            }
         }
     }
 }

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The placement model against measurement: every query of a suite runs on an embedded node
+bounded by each device profile (`quarry --profile P sql -f Q --stats FILE`, default settings
+otherwise), then `quarry model check` compares each fragment's predicted time with its
+measured wall time.
+
+    python3 scripts/model_check_report.py --suite tpch --warehouse /work/data/tpch10 --out docs/benchmarks/model-check
+
+Writes OUT/SUITE.json (command, commit, binary, every fragment) and OUT/SUITE.txt (per profile:
+the share of fragments within 25%, and each fragment's numbers). A query that fails is listed
+as a failure, never skipped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quarry_py as q  # noqa: E402
+
+PROFILES = ["kim-isp-2015", "smartssd-2013"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=["tpch", "ssb"], required=True)
+    parser.add_argument("--warehouse", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--queries", default=None, help="comma-separated query names (default: all)")
+    parser.add_argument("--profiles", default=",".join(PROFILES))
+    parser.add_argument("--within", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = q.select_query_files(args.suite, args.queries)
+    record = {"command": shlex.join([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])]),
+              "git": q.git_state(), "quarry_bin": q.binary_info(), "warehouse": args.warehouse, "within": args.within,
+              "profiles": {}}
+    text = [f"# placement model vs measured fragment time, {args.suite} queries, warehouse {args.warehouse}",
+            f"# {record['command']}", f"# commit {record['git'].get('commit')} (dirty: {record['git'].get('dirty')})"]
+    failed = False
+    with tempfile.TemporaryDirectory() as scratch:
+        for profile in args.profiles.split(","):
+            stats_files, failures = [], []
+            for path in files:
+                stats = Path(scratch) / f"{profile}-{path.stem}.json"
+                run = q.run_quarry(["--profile", profile, "sql", "-f", path, "--format", "none", "--stats", stats], args.warehouse, check=False)
+                if run.returncode != 0:
+                    failures.append(f"{path.stem}: {q.error_line(run.stderr, run.returncode)}")
+                else:
+                    stats_files.append(stats)
+                print(f"{profile} {path.stem}: {'ok' if run.returncode == 0 else 'FAILED'}", flush=True)
+            check = json.loads(q.run_quarry(["model", "check", *stats_files, "--within", str(args.within), "--json"]).stdout)
+            for f in check["fragments"]:
+                f["run"] = Path(f["run"]).stem.removeprefix(f"{profile}-")
+            record["profiles"][profile] = {"failures": failures, **check}
+            failed |= bool(failures)
+            text += ["", f"## {profile}: {check['good']} of {len(check['fragments'])} fragments ({check['share_good']:.0%}) "
+                         f"predicted within {args.within:.0%}; failures: {failures or 'none'}",
+                     f"{'query':<6} {'table':<28} {'bound':<13} {'predicted ms':>12} {'measured ms':>12} {'error':>7}"]
+            for f in check["fragments"]:
+                text.append(f"{f['run']:<6} {f['table'][:28]:<28} {f['bound']:<13} {f['predicted_ms']:>12.1f} {f['measured_ms']:>12.1f} {f['error']:>7.0%}")
+    (out / f"{args.suite}.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    (out / f"{args.suite}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
+    print("\n".join(text))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
