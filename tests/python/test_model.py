@@ -170,7 +170,7 @@ def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehou
         (tmp_path / f"{mode}.json").write_text(json.dumps(runs[-1]))
     fragments = [op for op in runs[0]["operators"] if op["operator"] == "FragmentExec"]
     assert fragments and all(op["predicted_ms"] > 0 and op["measured_ms"] > 0 and op["bound"] in BOUNDS for op in fragments), fragments
-    # A fragment runs within the query: its measured span cannot exceed the query's wall time.
+    # A fragment runs within the query: the time its consumers waited cannot exceed the query's wall time.
     assert all(op["measured_ms"] <= runs[0]["wall_ms"] for op in fragments)
     doc = json.loads(q.run_quarry(["model", "check", tmp_path / "on.json", tmp_path / "off.json", "--json"]).stdout)
     assert len(doc["fragments"]) == sum(1 for r in runs for op in r["operators"] if op["operator"] == "FragmentExec")

@@ -13,7 +13,7 @@ use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -104,8 +104,8 @@ pub struct FragmentExec {
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
     /// The placement model's predicted seconds and the component bounding them.
     prediction: Option<(f64, &'static str)>,
-    /// When the fragment ran: the first partition's first poll and the last one's end.
-    span: Arc<Mutex<Option<(Instant, Instant)>>>,
+    /// The longest time a partition's consumer spent waiting for it (None before any ended).
+    waited: Arc<Mutex<Option<Duration>>>,
 }
 
 impl FragmentExec {
@@ -134,7 +134,7 @@ impl FragmentExec {
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(BTreeMap::new())),
             prediction: None,
-            span: Arc::new(Mutex::new(None)),
+            waited: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -180,10 +180,11 @@ impl FragmentExec {
         self.prediction
     }
 
-    /// Wall time from the first partition's start to the last one's end, seconds (None
-    /// before it ran).
+    /// The fragment's measured time, seconds (None before it ran): the longest any
+    /// partition's consumer waited for its batches, from asking for each until it came. Time
+    /// the consumer spent elsewhere (a join building its other side) is not the fragment's.
     pub fn measured_seconds(&self) -> Option<f64> {
-        self.span.lock().expect("span lock").map(|(start, end)| end.duration_since(start).as_secs_f64())
+        self.waited.lock().expect("waited lock").map(|d| d.as_secs_f64())
     }
 
     /// The node-side plan.
@@ -360,8 +361,6 @@ impl ExecutionPlan for FragmentExec {
             counters,
             node_stats: Arc::clone(&self.node_stats),
             finished: false,
-            span: Arc::clone(&self.span),
-            started: None,
         };
         // Passthrough reads the stored bytes and decodes them here, unless a join filter
         // turns it into a filter the node runs.
@@ -394,10 +393,15 @@ impl ExecutionPlan for FragmentExec {
         })
         .try_flatten()
         .boxed();
-        let response = TimedPolls { inner: response, time: MetricBuilder::new(&self.metrics).subset_time(metric::HOST_RECEIVE_NS, partition) };
+        let response = TimedPolls {
+            inner: response,
+            time: MetricBuilder::new(&self.metrics).subset_time(metric::HOST_RECEIVE_NS, partition),
+            asked: None,
+            waited: Duration::ZERO,
+            fragment_waited: Arc::clone(&self.waited),
+        };
         let batches = futures::stream::unfold(Some((response, checker)), |state| async move {
             let (mut response, mut checker) = state?;
-            checker.started.get_or_insert_with(Instant::now);
             loop {
                 match checker.check(response.next().await) {
                     Checked::Continue => continue,
@@ -458,11 +462,17 @@ impl ExecutionPlan for FragmentExec {
     }
 }
 
-/// A stream that adds the time spent in its polls to `time`: the host's own work on a
-/// fragment's output (a poll that waits for the node returns at once).
+/// A partition's response stream, timed: the time spent in its polls goes to `time` (the
+/// host's own work on the fragment's output; a poll that waits for the node returns at once),
+/// and the time from asking for each item until it came to `waited`, which at the end raises
+/// the fragment's longest wait.
 struct TimedPolls<S> {
     inner: S,
     time: Time,
+    /// When the consumer asked for the item not yet delivered.
+    asked: Option<Instant>,
+    waited: Duration,
+    fragment_waited: Arc<Mutex<Option<Duration>>>,
 }
 
 impl<S: Stream + Unpin> Stream for TimedPolls<S> {
@@ -470,8 +480,20 @@ impl<S: Stream + Unpin> Stream for TimedPolls<S> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        let _timer = this.time.timer();
-        this.inner.poll_next_unpin(cx)
+        let asked = *this.asked.get_or_insert_with(Instant::now);
+        let polled = {
+            let _timer = this.time.timer();
+            this.inner.poll_next_unpin(cx)
+        };
+        if let Poll::Ready(item) = &polled {
+            this.waited += asked.elapsed();
+            this.asked = None;
+            if item.is_none() {
+                let mut longest = this.fragment_waited.lock().expect("waited lock");
+                *longest = Some(longest.map_or(this.waited, |d| d.max(this.waited)));
+            }
+        }
+        polled
     }
 }
 
@@ -482,9 +504,6 @@ struct ResponseChecker {
     counters: FragmentCounters,
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
     finished: bool,
-    /// The fragment's span, widened by this partition's when it ends.
-    span: Arc<Mutex<Option<(Instant, Instant)>>>,
-    started: Option<Instant>,
 }
 
 enum Checked {
@@ -535,12 +554,7 @@ impl ResponseChecker {
             None if !self.finished => Checked::Item(Err(DataFusionError::Execution(format!(
                 "storage node {node} ended the fragment without its final statistics (the result would be incomplete)"
             )))),
-            None => {
-                let (start, end) = (self.started.unwrap_or_else(Instant::now), Instant::now());
-                let mut span = self.span.lock().expect("span lock");
-                *span = Some(span.map_or((start, end), |(s, e)| (s.min(start), e.max(end))));
-                Checked::End
-            }
+            None => Checked::End,
         }
     }
 }
