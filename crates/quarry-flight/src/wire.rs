@@ -83,6 +83,8 @@ struct ColumnStatsWire {
     null_count: Option<u64>,
     #[serde(default)]
     distinct_count: Option<u64>,
+    #[serde(default)]
+    stored_bytes: Option<u64>,
 }
 
 impl TableInfoWire {
@@ -99,11 +101,13 @@ impl TableInfoWire {
             columns: info
                 .column_statistics
                 .iter()
-                .map(|c| ColumnStatsWire {
+                .zip(&info.column_bytes)
+                .map(|(c, &stored_bytes)| ColumnStatsWire {
                     min: text(&c.min_value),
                     max: text(&c.max_value),
                     null_count: c.null_count.get_value().map(|&n| n as u64),
                     distinct_count: c.distinct_count.get_value().map(|&n| n as u64),
+                    stored_bytes,
                 })
                 .collect(),
         }
@@ -142,6 +146,7 @@ impl TableInfoWire {
             schema: Arc::new(schema),
             segments: self.segments.iter().map(|(id, rows, bytes)| SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes }).collect(),
             column_statistics,
+            column_bytes: self.columns.iter().map(|c| c.stored_bytes).collect(),
             page_encoding: self.page_encoding,
         })
     }

@@ -34,6 +34,9 @@ pub struct TableInfo {
     pub column_statistics: Vec<ColumnStatistics>,
     /// How the table's pages are encoded (the cost of reading selected rows depends on it).
     pub page_encoding: PageEncoding,
+    /// Per column (in schema order): the stored (compressed) bytes of its chunks over all
+    /// segments, what reading it costs; `None` where a segment does not say.
+    pub column_bytes: Vec<Option<u64>>,
 }
 
 impl TableInfo {

@@ -44,8 +44,13 @@ pub fn scan_schema(storage: &Schema) -> SchemaRef {
 pub fn table_info(snapshot: &TableSnapshot) -> TableInfo {
     let schema = scan_schema(&snapshot.schema);
     let column_statistics = (0..schema.fields().len()).map(|i| column_statistics(&snapshot.manifest.segments, i, schema.field(i).data_type())).collect();
+    let segments = &snapshot.manifest.segments;
+    let column_bytes = (0..schema.fields().len())
+        .map(|i| segments.iter().map(|s| s.columns.get(i).map(|c| c.compressed_bytes)).sum::<Option<u64>>())
+        .collect();
     TableInfo {
         column_statistics,
+        column_bytes,
         name: snapshot.manifest.table.clone(),
         version: snapshot.manifest.version,
         page_encoding: snapshot.manifest.page_encoding,
