@@ -156,7 +156,7 @@ def test_model_kim_reproduces_eq1_and_table3():
     assert "743" in text and "Table 3" in text and "Fig. 6" in text
 
 
-BOUNDS = {"flash read", "device CPU", "link", "host receive", "host decode"}
+BOUNDS = {"flash read", "device CPU", "link", "host receive", "host decode", "fixed cost"}
 
 
 def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehouse, tmp_path):
@@ -182,3 +182,11 @@ def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehou
     (tmp_path / "x.json").write_text("{}")
     bad = q.run_quarry(["model", "check", tmp_path / "x.json"], check=False)
     assert bad.returncode != 0 and "x.json" in bad.stderr and "operators" in bad.stderr
+
+
+def test_calibrate_measures_the_fixed_fragment_cost(warehouse):
+    out = q.run_quarry(["calibrate", "--rows", "100000"], warehouse).stdout
+    figures = json.loads((Path(warehouse) / ".calibration.json").read_text())
+    assert 0 < figures["fragment_ns"] < 1e9, figures
+    printed = re.search(r"^fragment\s+([\d.]+) ms$", out, re.MULTILINE)
+    assert printed and abs(float(printed[1]) - figures["fragment_ns"] / 1e6) < 1e-3, out

@@ -40,6 +40,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     println!("filter     {:>8.3} ns/row", calibration.filter_ns_per_row);
     println!("aggregate  {:>8.3} ns/row", calibration.aggregate_ns_per_row);
     println!("join       {:>8.3} ns/row", calibration.join_ns_per_row);
+    println!("fragment   {:>8.3} ms", calibration.fragment_ns / 1e6);
     for codec in [LinkCodec::Lz4, LinkCodec::Zstd] {
         let (compress, decompress, ratio) = calibration.link_codec_rates(codec);
         println!("{:<10} {compress:>8.3} ns/byte to compress, {decompress:.3} to decompress, ratio {ratio:.3}", codec.name());
@@ -53,7 +54,8 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
 fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration> {
     let warehouse = Warehouse::open(scratch).map_err(|e| e.to_string())?;
     let table = quarry_gen::synthetic::synthetic_table("calibration", COLUMNS, rows, 7);
-    generate_tables(&warehouse, &[table], &[], PageEncoding::default(), threads)?;
+    let tiny = quarry_gen::synthetic::synthetic_table("calibration_tiny", COLUMNS, 1000, 7);
+    generate_tables(&warehouse, &[table, tiny], &[], PageEncoding::default(), threads)?;
     with_runtime(threads, async move {
         let session = |pushdown| {
             let node = Arc::new(LocalStorageNode::new(warehouse.clone()));
@@ -68,7 +70,15 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         let filter = (best(&on, "SELECT col1 FROM calibration WHERE col2 < col3 - 100000000").await? / n - decode * 8.0).max(0.1);
         let aggregate = (best(&on, "SELECT col1 % 1000, SUM(col2) FROM calibration GROUP BY 1").await? / n - decode * 8.0).max(0.1);
         let join = (best(&off, "SELECT COUNT(*) FROM calibration a JOIN calibration b ON a.col1 = b.col1").await? / (2.0 * n) - decode * 4.0).max(0.1);
-        Ok(Calibration { decode_ns_per_byte: decode, filter_ns_per_row: filter, aggregate_ns_per_row: aggregate, join_ns_per_row: join, ..Calibration::default() })
+        let fragment = fragment_wait(&off, "SELECT * FROM calibration_tiny").await?;
+        Ok(Calibration {
+            decode_ns_per_byte: decode,
+            filter_ns_per_row: filter,
+            aggregate_ns_per_row: aggregate,
+            join_ns_per_row: join,
+            fragment_ns: fragment,
+            ..Calibration::default()
+        })
     })
 }
 
@@ -116,6 +126,21 @@ fn calibrate_link_codecs(calibration: &mut Calibration) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// The least time, over three runs, the consumer of `sql`'s one fragment waited for it,
+/// nanoseconds (what `quarry model check` measures).
+async fn fragment_wait(session: &QuarrySession, sql: &str) -> CliResult<f64> {
+    let mut least = f64::INFINITY;
+    for _ in 0..3 {
+        let result = session.query(sql).await.map_err(|e| user_message(&e))?;
+        let waited = result.stats.operators.iter().filter_map(|op| op.measured_ms).fold(f64::NAN, f64::max);
+        if waited.is_nan() {
+            return Err(format!("calibrating the fragment cost: '{sql}' reported no fragment time"));
+        }
+        least = least.min(waited * 1e6);
+    }
+    Ok(least)
 }
 
 /// Best of three runs, nanoseconds.

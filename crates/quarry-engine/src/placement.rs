@@ -115,8 +115,8 @@ pub struct Prediction {
     pub devices: Vec<(String, DeviceWork)>,
     /// Joules, when every node has power figures.
     pub joules: Option<f64>,
-    /// The component that bounds the time: `flash read`, `device CPU`, `link`, `host receive`
-    /// or (passthrough) `host decode`.
+    /// The component that bounds the time: `flash read`, `device CPU`, `link`, `host receive`,
+    /// (passthrough) `host decode`, or the fragment's `fixed cost` when that is over half.
     pub bound: &'static str,
 }
 
@@ -474,6 +474,10 @@ impl PlacementRule {
                     .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a })
             })
             .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
+        // Every fragment pays a fixed cost before its first batch (and a remote node's, as
+        // calibrated on its machine, is the host's round trip at least).
+        let seconds = seconds + self.host.fragment_ns / 1e9;
+        let bound = if self.host.fragment_ns / 1e9 > seconds / 2.0 { "fixed cost" } else { bound };
         self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None, bound })
     }
 }

@@ -168,6 +168,9 @@ pub struct Calibration {
     pub transfer_ns_per_byte: f64,
     /// Writing rows to a spill file or reading them back, per byte of Arrow data.
     pub spill_ns_per_byte: f64,
+    /// A fragment's fixed cost: sending it, opening its segments, the first batch's way back
+    /// (the time its consumer waits for a fragment over a 1,000-row table).
+    pub fragment_ns: f64,
     /// A star join's probe of decoded fact rows, per row.
     pub star_probe_ns_per_row: f64,
     /// A star join's probe on a node, over stored values as pages are read, per fact row.
@@ -219,6 +222,9 @@ impl Default for Calibration {
             // about 50 ms more than pushdown.
             transfer_ns_per_byte: 1.5,
             spill_ns_per_byte: 1.0,
+            // Measured on the development machine (2 cores), embedded: 0.6-3 ms for the
+            // fragments over SSB's `date` and `supplier` at SF 10.
+            fragment_ns: 1.0e6,
             star_probe_ns_per_row: 10.0,
             star_scan_ns_per_row: 1.0,
             // Synthetic64 with PLAIN pages, 8M rows, `SELECT * WHERE col1 < c` on a node:
