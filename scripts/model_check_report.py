@@ -6,9 +6,13 @@ measured wall time.
 
     python3 scripts/model_check_report.py --suite tpch --warehouse /work/data/tpch10 --out docs/benchmarks/model-check
 
-Writes OUT/SUITE.json (command, commit, binary, every fragment) and OUT/SUITE.txt (per profile:
-the share of fragments within 25%, and each fragment's numbers). A query that fails is listed
-as a failure, never skipped silently.
+Writes OUT/SUITE.json (command, commit, binary, the rates used, every fragment) and OUT/SUITE.txt
+(per profile: the share of fragments within 25%, and each fragment's numbers). A query that fails
+is listed as a failure, never skipped silently.
+
+With --calibrate, `quarry calibrate` measures this machine's rates into the warehouse first (on
+its own synthetic table, not the suite's data) and the warehouse's calibration is put back as it
+was afterwards; the rates used are recorded either way.
 """
 
 from __future__ import annotations
@@ -34,15 +38,32 @@ def main(argv=None) -> int:
     parser.add_argument("--queries", default=None, help="comma-separated query names (default: all)")
     parser.add_argument("--profiles", default=",".join(PROFILES))
     parser.add_argument("--within", type=float, default=0.25)
+    parser.add_argument("--calibrate", action="store_true", help="measure the rates first (restored afterwards)")
     args = parser.parse_args(argv)
+    calibration = Path(args.warehouse) / ".calibration.json"
+    before = calibration.read_bytes() if calibration.exists() else None
+    try:
+        if args.calibrate:
+            q.run_quarry(["calibrate"], args.warehouse)
+        rates = json.loads(calibration.read_text()) if calibration.exists() else "defaults (no quarry calibrate)"
+        return report(args, argv, rates)
+    finally:
+        if before is None:
+            calibration.unlink(missing_ok=True)
+        else:
+            calibration.write_bytes(before)
+
+
+def report(args, argv, rates) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files = q.select_query_files(args.suite, args.queries)
     record = {"command": shlex.join([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])]),
               "git": q.git_state(), "quarry_bin": q.binary_info(), "warehouse": args.warehouse, "within": args.within,
-              "profiles": {}}
+              "rates": rates, "profiles": {}}
     text = [f"# placement model vs measured fragment time, {args.suite} queries, warehouse {args.warehouse}",
-            f"# {record['command']}", f"# commit {record['git'].get('commit')} (dirty: {record['git'].get('dirty')})"]
+            f"# {record['command']}", f"# commit {record['git'].get('commit')} (dirty: {record['git'].get('dirty')})",
+            f"# rates: {json.dumps(rates) if isinstance(rates, dict) else rates}"]
     failed = False
     with tempfile.TemporaryDirectory() as scratch:
         for profile in args.profiles.split(","):
