@@ -190,3 +190,15 @@ def test_calibrate_measures_the_fixed_fragment_cost(warehouse):
     assert 0 < figures["fragment_ns"] < 1e9, figures
     printed = re.search(r"^fragment\s+([\d.]+) ms$", out, re.MULTILINE)
     assert printed and abs(float(printed[1]) - figures["fragment_ns"] / 1e6) < 1e-3, out
+
+
+def test_host_power_figures_replace_the_default_host(tpch_warehouse, tmp_path):
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"sources": "test: a 50 W host", "idle_w": 50.0, "cpu_w": 4.0, "dram_nj_per_byte": 0.5}))
+    s = _stats_of(tpch_warehouse, tmp_path, SELECTIVE, "--profile", "smartssd-2013", "--host-power", host)
+    parts = s["energy_by_component"]
+    assert abs(parts["host_idle"] - 50.0 * s["wall_ms"] / 1e3) < 1e-6 * parts["host_idle"], (parts, s["wall_ms"])
+    assert abs(parts["host_cpu"] - 4.0 * s["host_cpu_ms"] / 1e3) < 1e-6 * max(parts["host_cpu"], 1e-9), (parts, s["host_cpu_ms"])
+    host.write_text(json.dumps({"sources": "x", "idle_w": -1, "cpu_w": 4.0, "dram_nj_per_byte": 0.5}))
+    proc = q.run_quarry(["--host-power", host, "sql", "select 1"], tpch_warehouse, check=False)
+    assert proc.returncode != 0 and "idle_w" in proc.stderr and "host.json" in proc.stderr, proc.stderr

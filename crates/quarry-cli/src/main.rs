@@ -54,6 +54,10 @@ struct Cli {
     /// profiles' power figures).
     #[arg(long, global = true, default_value = "time")]
     optimize: quarry_engine::Objective,
+    /// The host's power figures for energy accounting: a JSON file with `sources`, `idle_w`,
+    /// `cpu_w` and `dram_nj_per_byte` (default: the server of Do et al. 2013).
+    #[arg(long, global = true)]
+    host_power: Option<PathBuf>,
     /// Device profile of the embedded storage node (built-in name or JSON file).
     #[arg(long, global = true)]
     profile: Option<String>,
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
         tls_ca: cli.tls_ca.clone(),
         pushdown: cli.pushdown,
         objective: cli.optimize,
+        host_power: cli.host_power.clone(),
         star_join: cli.star_join,
         profile: cli.profile.clone(),
         threads,

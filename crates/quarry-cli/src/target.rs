@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use quarry_engine::{EngineOptions, Objective, PushdownMode, QuarrySession, user_message};
 use quarry_flight::{RemoteStorageNode, read_token_file, upload_table};
+use quarry_model::energy::HostPower;
 use quarry_storage::{DeviceProfile, LocalStorageNode, StorageNode};
 use quarry_table::manifest::storage_schema;
 use quarry_table::{SegmentOptions, Warehouse, WriteMode};
@@ -27,6 +28,8 @@ pub struct Target {
     pub pushdown: PushdownMode,
     /// What automatic pushdown minimizes.
     pub objective: Objective,
+    /// A JSON file of the host's power figures (None: Do 2013's server).
+    pub host_power: Option<PathBuf>,
     /// Whether star joins run fused.
     pub star_join: bool,
     /// Device profile of the embedded node.
@@ -115,7 +118,19 @@ impl Target {
     /// A SQL session over the target's nodes.
     pub async fn session(&self) -> CliResult<QuarrySession> {
         let nodes = self.storage_nodes().await?;
-        QuarrySession::try_new(nodes, EngineOptions { threads: self.threads, pushdown: self.pushdown, objective: self.objective, star_join: self.star_join, memory_limit: self.memory }).await.map_err(|e| user_message(&e))
+        let host_power = match &self.host_power {
+            Some(path) => HostPower::load(&path.display().to_string())?,
+            None => HostPower::do_2013(),
+        };
+        let options = EngineOptions {
+            threads: self.threads,
+            pushdown: self.pushdown,
+            objective: self.objective,
+            host_power,
+            star_join: self.star_join,
+            memory_limit: self.memory,
+        };
+        QuarrySession::try_new(nodes, options).await.map_err(|e| user_message(&e))
     }
 }
 

@@ -43,6 +43,8 @@ pub struct EngineOptions {
     pub pushdown: PushdownMode,
     /// What `--pushdown auto` minimizes: time or energy.
     pub objective: Objective,
+    /// The host's power figures (default: Do 2013's server).
+    pub host_power: HostPower,
     /// Whether aggregates over star joins run as one fused star join (`StarAggregateExec`)
     /// rather than as a tree of hash joins.
     pub star_join: bool,
@@ -55,7 +57,7 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, objective: Objective::Time, star_join: true, memory_limit: None }
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, objective: Objective::Time, host_power: HostPower::do_2013(), star_join: true, memory_limit: None }
     }
 }
 
@@ -153,7 +155,7 @@ impl QuarrySession {
         let host_rates = descriptions[0].calibration.clone();
         let device_power = descriptions.iter().map(|d| (d.name.clone(), d.profile.power.clone())).collect();
         let in_process = nodes.iter().filter(|n| n.in_process()).map(|n| n.name().to_string()).collect();
-        let host_power = HostPower::do_2013();
+        let host_power = options.host_power.clone();
         let placement =
             PlacementRule::new(options.pushdown, descriptions, in_process, host_rates, options.threads).with_objective(options.objective, host_power.clone());
         // Placement runs first, on the plan as the planner built it (partial aggregates directly

@@ -73,6 +73,23 @@ impl HostPower {
     }
 }
 
+impl HostPower {
+    /// The host's figures from a JSON file (`sources`, `idle_w`, `cpu_w`, `dram_nj_per_byte`).
+    pub fn load(path: &str) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading host power figures {path}: {e}"))?;
+        let power: HostPower = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+        for (name, value) in [("idle_w", power.idle_w), ("cpu_w", power.cpu_w), ("dram_nj_per_byte", power.dram_nj_per_byte)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!("{path}: {name} must be a number of at least 0, not {value}"));
+            }
+        }
+        if power.sources.trim().is_empty() {
+            return Err(format!("{path}: sources must name where the figures come from"));
+        }
+        Ok(power)
+    }
+}
+
 impl DevicePower {
     /// Every figure must be finite and not negative.
     pub fn validate(&self) -> Result<(), String> {
