@@ -78,14 +78,8 @@ impl HostPower {
     pub fn load(path: &str) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("reading host power figures {path}: {e}"))?;
         let power: HostPower = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
-        for (name, value) in [("idle_w", power.idle_w), ("cpu_w", power.cpu_w), ("dram_nj_per_byte", power.dram_nj_per_byte)] {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(format!("{path}: {name} must be a number of at least 0, not {value}"));
-            }
-        }
-        if power.sources.trim().is_empty() {
-            return Err(format!("{path}: sources must name where the figures come from"));
-        }
+        let figures = [("idle_w", power.idle_w), ("cpu_w", power.cpu_w), ("dram_nj_per_byte", power.dram_nj_per_byte)];
+        check_figures("", &power.sources, &figures).map_err(|e| format!("{path}: {e}"))?;
         Ok(power)
     }
 }
@@ -101,16 +95,22 @@ impl DevicePower {
             ("dram_nj_per_byte", self.dram_nj_per_byte),
             ("link_nj_per_byte", self.link_nj_per_byte),
         ];
-        for (name, value) in figures {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(format!("power.{name} must be a number of at least 0, not {value}"));
-            }
-        }
-        if self.sources.trim().is_empty() {
-            return Err("power.sources must name where the figures come from".into());
-        }
-        Ok(())
+        check_figures("power.", &self.sources, &figures)
     }
+}
+
+/// Power figures must be finite and not negative, and name their sources; errors name the
+/// field (after `prefix`).
+fn check_figures(prefix: &str, sources: &str, figures: &[(&str, f64)]) -> Result<(), String> {
+    for (name, value) in figures {
+        if !(value.is_finite() && *value >= 0.0) {
+            return Err(format!("{prefix}{name} must be a number of at least 0, not {value}"));
+        }
+    }
+    if sources.trim().is_empty() {
+        return Err(format!("{prefix}sources must name where the figures come from"));
+    }
+    Ok(())
 }
 
 /// What one storage device did for a query.
