@@ -381,3 +381,18 @@ def test_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
     piped = q.run_quarry(["gen", "ssb", "--sf", "1"], tmp_path / "pipe")
     assert "eta" not in piped.stdout + piped.stderr and "\r" not in piped.stdout + piped.stderr, piped.stderr
     assert re.search(r"lineorder: \d+ rows in \d+ segments", piped.stdout + piped.stderr), piped.stdout + piped.stderr
+
+
+def test_bench_shows_its_runs_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    """`quarry bench` draws a bar of runs done (the query at hand, runs of all, ETA) on a
+    terminal; into a pipe it prints only its table."""
+    args = ["bench", "ssb", "--sf", "0.1", "--repeat", "2"]
+    drawn = _run_on_terminal(["--warehouse", tmp_path / "tty", *args])
+    bars = re.findall(r"(q\d\.\d) \[[=> ]{30}\] (\d+)/39 runs eta \d+", drawn)
+    assert len(bars) >= 2, drawn[-3000:]
+    done = [int(b[1]) for b in bars]
+    assert done == sorted(done) and done[-1] > done[0], done
+    assert re.search(r"q4\.3 +[\d.]+ ms", drawn), drawn[-2000:]
+    piped = q.run_quarry(["--warehouse", tmp_path / "pipe", *args])
+    assert "eta" not in piped.stdout + piped.stderr and "runs" not in piped.stdout, piped.stdout
+    assert re.search(r"q4\.3 +[\d.]+ ms", piped.stdout), piped.stdout

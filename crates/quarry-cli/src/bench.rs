@@ -47,13 +47,18 @@ pub fn run(target: &Target, args: BenchArgs, threads: usize) -> CliResult {
         let session = target.session().await?;
         let mut results = Vec::new();
         println!("{} SF {} on {threads} threads, best of {repeat} after a warm-up", args.suite, args.sf);
-        for (name, sql) in queries.iter().filter(|(n, _)| args.queries.is_empty() || args.queries.iter().any(|q| q == n)) {
+        let chosen: Vec<_> = queries.iter().filter(|(n, _)| args.queries.is_empty() || args.queries.iter().any(|q| q == n)).collect();
+        // On a terminal: which query runs, and how many runs are left.
+        let bar = crate::progress::steps_bar("", (chosen.len() * (repeat + 1)) as u64, "runs");
+        for (name, sql) in chosen {
+            bar.set_message(name.to_string());
             let mut times = Vec::with_capacity(repeat);
             let mut last = None;
             for run in 0..=repeat {
                 let started = Instant::now();
                 let result = session.query(sql).await.map_err(|e| format!("{name}: {}", user_message(&e)))?;
                 let ms = started.elapsed().as_secs_f64() * 1e3;
+                bar.inc(1);
                 if run > 0 {
                     times.push(ms);
                 }
@@ -63,12 +68,13 @@ pub fn run(target: &Target, args: BenchArgs, threads: usize) -> CliResult {
             let rows = last.stats.rows_returned;
             if args.print_results {
                 let table = arrow::util::pretty::pretty_format_batches(&last.batches).map_err(|e| e.to_string())?;
-                println!("-- {name}\n{table}");
+                bar.suspend(|| println!("-- {name}\n{table}"));
             }
             let best = times.iter().copied().fold(f64::INFINITY, f64::min);
-            println!("{name:>6} {best:>10.1} ms  {rows:>8} rows");
+            bar.suspend(|| println!("{name:>6} {best:>10.1} ms  {rows:>8} rows"));
             results.push(json!({"name": name, "times_ms": times, "best_ms": best, "rows": rows}));
         }
+        bar.finish_and_clear();
         let geomean = (results.iter().map(|r| r["best_ms"].as_f64().unwrap_or(1.0).ln()).sum::<f64>() / results.len().max(1) as f64).exp();
         println!("{:>6} {geomean:>10.1} ms  (geometric mean)", "all");
         if let Some(path) = &args.json {

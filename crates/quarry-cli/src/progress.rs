@@ -22,3 +22,11 @@ pub fn rows_bar(label: &str, total: Option<u64>) -> ProgressBar {
     bar.set_message(label.to_string());
     bar
 }
+
+/// A bar counting steps (`unit`, e.g. "runs") towards `total`, labelled with the step at hand.
+pub fn steps_bar(label: &str, total: u64, unit: &str) -> ProgressBar {
+    let template = format!("{{msg:>12}} [{{bar:30}}] {{pos}}/{{len}} {unit} eta {{eta}}");
+    let bar = ProgressBar::new(total).with_style(ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
+    bar.set_message(label.to_string());
+    bar
+}
