@@ -396,3 +396,21 @@ def test_bench_shows_its_runs_on_a_terminal_and_none_in_a_pipe(tmp_path):
     piped = q.run_quarry(["--warehouse", tmp_path / "pipe", *args])
     assert "eta" not in piped.stdout + piped.stderr and "runs" not in piped.stdout, piped.stdout
     assert re.search(r"q4\.3 +[\d.]+ ms", piped.stdout), piped.stdout
+
+
+def test_graph_import_shows_edges_read_on_a_terminal(tmp_path):
+    """`quarry graph import` of a Parquet edge list draws a bar of edges read of the file's rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 3_000_000
+    src = pa.array([i % 100_003 for i in range(n)], pa.uint64())
+    dst = pa.array([(i * 7919) % 100_003 for i in range(n)], pa.uint64())
+    path = tmp_path / "edges.parquet"
+    pq.write_table(pa.table({"src": src, "dst": dst}), path, row_group_size=65_536)
+    drawn = _run_on_terminal(["--warehouse", tmp_path / "wh", "graph", "import", "g", "--from", path])
+    bars = re.findall(r"edges \[[=> ]{30}\] ([\d,]+)/3,000,000 rows", drawn)
+    assert any(int(b.replace(",", "")) > 0 for b in bars), drawn[-2000:]
+    assert re.search(r"g: \d+ vertices, \d+ edges", drawn), drawn[-2000:]
+    piped = q.run_quarry(["graph", "import", "h", "--from", path], tmp_path / "wh")
+    assert "rows" not in piped.stdout + piped.stderr and "\r" not in piped.stderr, piped.stderr

@@ -224,9 +224,10 @@ fn import(warehouse: &Path, name: &str, from: &Path, keep_self_loops: bool, memo
 
 fn import_parquet(from: &Path, dest: &Path, options: ImportOptions) -> CliResult<(Graph, quarry_graph::ImportStats)> {
     let file = std::fs::File::open(from).map_err(|e| format!("opening {}: {e}", from.display()))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(64 * 1024).build())
-        .map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
+    let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let reader = builder.with_batch_size(64 * 1024).build().map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
+    let bar = crate::progress::rows_bar("edges", Some(total));
     let schema = arrow::array::RecordBatchReader::schema(&reader);
     for column in ["src", "dst"] {
         if schema.field_with_name(column).is_err() {
@@ -253,7 +254,9 @@ fn import_parquet(from: &Path, dest: &Path, options: ImportOptions) -> CliResult
             }
             builder.add_edge(src.value(row), dst.value(row), weight.map(|w| w.value(row))).map_err(|e| e.to_string())?;
         }
+        bar.inc(batch.num_rows() as u64);
     }
+    bar.finish_and_clear();
     builder.finish().map_err(|e| e.to_string())
 }
 
