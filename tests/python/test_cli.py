@@ -414,3 +414,13 @@ def test_graph_import_shows_edges_read_on_a_terminal(tmp_path):
     assert re.search(r"g: \d+ vertices, \d+ edges", drawn), drawn[-2000:]
     piped = q.run_quarry(["graph", "import", "h", "--from", path], tmp_path / "wh")
     assert "rows" not in piped.stdout + piped.stderr and "\r" not in piped.stderr, piped.stderr
+
+
+def test_graph_gen_shows_edges_generated_on_a_terminal(tmp_path):
+    """`quarry graph gen kron` draws a bar of edges generated of the 16 * 2^scale it makes."""
+    drawn = _run_on_terminal(["--warehouse", tmp_path / "wh", "graph", "gen", "kron", "k", "--scale", "18"])
+    bars = re.findall(r"generating \[[=> ]{30}\] (\d+)/4194304 edges", drawn)
+    assert any(int(b) > 0 for b in bars), drawn[-2000:]
+    assert re.search(r"k: \d+ vertices, \d+ edges kept of 4194304 generated", drawn), drawn[-2000:]
+    piped = q.run_quarry(["graph", "gen", "kron", "j", "--scale", "18"], tmp_path / "wh")
+    assert "generating" not in piped.stdout + piped.stderr and "\r" not in piped.stderr, piped.stderr

@@ -147,7 +147,11 @@ pub fn run(target: &Target, args: GraphArgs, threads: usize, memory: Option<usiz
         with_runtime(threads, run_on_nodes(target, job))?
     } else {
         let warehouse = Warehouse::open(&target.warehouse).map_err(|e| e.to_string())?;
-        let progress = algorithm.map(step_bars);
+        let progress = match (&job, algorithm) {
+            (_, Some(algorithm)) => Some(step_bars(algorithm)),
+            (GraphJob::GenKron { .. }, None) => Some(generation_bar()),
+            _ => None,
+        };
         vec![(None, run_graph_job(&warehouse, job, threads, progress, Cancel::default())?)]
     };
     for (node, output) in outputs {
@@ -277,6 +281,7 @@ fn step_bars(algorithm: GraphAlgorithm) -> Progress {
                 bar.set_position(visited);
                 bar.set_message(format!("{algorithm} step {superstep}, {edges} edges"));
             }
+            ProgressEvent::Generated { .. } => {}
             ProgressEvent::Finished(step) => {
                 if let Some((_, bar)) = current.take() {
                     bar.finish_and_clear();
@@ -292,6 +297,20 @@ fn step_bars(algorithm: GraphAlgorithm) -> Progress {
                         step.elapsed.as_secs_f64()
                     );
                 }
+            }
+        }
+    })
+}
+
+/// A live bar of the edges a Kronecker graph's generation has made (on a terminal).
+fn generation_bar() -> Progress {
+    let bar = std::sync::OnceLock::new();
+    Progress::new(move |event| {
+        if let ProgressEvent::Generated { edges, total } = event {
+            let bar = bar.get_or_init(|| crate::progress::steps_bar("generating", total, "edges"));
+            bar.set_position(edges);
+            if edges >= total {
+                bar.finish_and_clear();
             }
         }
     })

@@ -258,6 +258,13 @@ pub enum ProgressEvent<'a> {
     },
     /// The superstep ended.
     Finished(&'a SuperstepStats),
+    /// Making a Kronecker graph: edges generated so far, of `total`.
+    Generated {
+        /// Edges generated and added so far.
+        edges: u64,
+        /// Edges the graph generates in all.
+        total: u64,
+    },
 }
 
 /// A progress listener; none by default. Configurations compare equal whatever it is.
@@ -270,7 +277,7 @@ impl Progress {
         Progress(Some(Arc::new(listener)))
     }
 
-    fn report(&self, event: ProgressEvent<'_>) {
+    pub(crate) fn report(&self, event: ProgressEvent<'_>) {
         if let Some(listener) = &self.0 {
             listener(event);
         }

@@ -32,6 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 
 use crate::csr::Graph;
+use crate::engine::{Progress, ProgressEvent};
 use crate::error::{Error, Result};
 use crate::import::{GraphBuilder, ImportOptions, ImportStats};
 
@@ -60,6 +61,8 @@ pub struct KroneckerParams {
     pub weighted: bool,
     /// Whether vertex ids are scrambled (Graph500 does; off leaves the skew on low ids).
     pub permute: bool,
+    /// Told how many edges are generated so far (a CLI draws a bar from it).
+    pub progress: Progress,
 }
 
 impl KroneckerParams {
@@ -74,7 +77,14 @@ impl KroneckerParams {
             seed: 1,
             weighted: false,
             permute: true,
+            progress: Progress::default(),
         }
+    }
+
+    /// Sets [`Self::progress`].
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
     }
 
     /// Sets [`Self::edge_factor`].
@@ -338,10 +348,13 @@ pub fn generate_kronecker(
             });
         }
         drop(tx);
+        let (total, mut generated) = (params.vertices() * params.edge_factor, 0u64);
         for edges in rx {
+            generated += edges.len() as u64;
             for (src, dst, weight) in edges {
                 builder.add_edge(src as u64, dst as u64, Some(weight))?;
             }
+            params.progress.report(ProgressEvent::Generated { edges: generated, total });
         }
         Ok(())
     })?;

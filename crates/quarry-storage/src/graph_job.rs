@@ -312,8 +312,9 @@ impl GraphHome {
     }
 }
 
-/// Runs `job` over `warehouse`'s graphs with `threads` threads, reporting supersteps to
-/// `progress`; an algorithm stops with an error once `cancel` is set (making a graph does not).
+/// Runs `job` over `warehouse`'s graphs with `threads` threads, reporting to `progress` (an
+/// algorithm's supersteps, or a generation's edges); an algorithm stops with an
+/// error once `cancel` is set (making a graph does not).
 pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progress: Option<Progress>, cancel: Cancel) -> Result<GraphJobOutput, String> {
     let home = GraphHome::open(warehouse)?;
     let started = Instant::now();
@@ -322,6 +323,10 @@ pub fn run_graph_job(warehouse: &Warehouse, job: GraphJob, threads: usize, progr
         GraphJob::GenKron { name, scale, edge_factor, seed, weighted, memory_bytes } => {
             let dest = home.path(&name)?;
             let params = KroneckerParams::graph500(scale).with_edge_factor(edge_factor).with_seed(seed).with_weights(weighted);
+            let params = match progress {
+                Some(progress) => params.with_progress(progress),
+                None => params,
+            };
             let (graph, stats) = generate_kronecker(&params, &dest, home.import_options(memory_bytes as usize, threads)).map_err(|e| e.to_string())?;
             Ok(GraphJobOutput::Made(format!(
                 "{name}: {} vertices, {} edges kept of {} generated ({} duplicates, {} self-loops removed), {:.2}s",
