@@ -156,8 +156,8 @@ fn kim(args: KimArgs) -> CliResult {
     println!(
         "Table 3's scan cells imply runs of different sizes: the model's CPU-ISP/HW-ISP ratio does not depend on the size \
          and is {:.2}, Table 3's {:.2} (see quarry-model's kim.rs)",
-        table3[0].model_cycles / table3[1].model_cycles,
-        table3[0].paper_model_cycles / table3[1].paper_model_cycles
+        kim::scan_ratio(&table3, |c| c.model_cycles),
+        kim::scan_ratio(&table3, |c| c.paper_model_cycles)
     );
     println!("\nFig. 6: throughput over the whole SF 1 tables (lineitem scan; part joined with lineitem)");
     println!("{:>8} {:>14} {:<8} {:>10} {:>10}", "channels", "interface MB/s", "arch", "scan MB/s", "join MB/s");

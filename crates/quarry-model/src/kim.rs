@@ -300,6 +300,13 @@ pub fn table3() -> Vec<Table3Cell> {
     ]
 }
 
+/// The scan's CPU-ISP time over its HW-ISP time among `cells`, by `cycles` (the model's or the
+/// paper's): the ratio that shows Table 3's scan cells come from runs of different sizes.
+pub fn scan_ratio(cells: &[Table3Cell], cycles: impl Fn(&Table3Cell) -> f64) -> f64 {
+    let scan = |arch: Architecture| cells.iter().find(|c| c.operation == "scan" && c.architecture == arch.name()).map_or(f64::NAN, &cycles);
+    scan(Architecture::CpuIsp) / scan(Architecture::HwIsp)
+}
+
 /// Fig. 6's comparison: each architecture's throughput (table bytes over time) on the whole
 /// SF 1 tables, for one configuration.
 #[derive(Debug, Clone, Serialize)]
@@ -363,6 +370,9 @@ mod tests {
         let ratio = ssd.scan_s(Architecture::CpuIsp, 1000.0, 128.0) / ssd.scan_s(Architecture::HwIsp, 1000.0, 128.0);
         assert!((ratio - 2.64).abs() < 0.01, "{ratio}");
         assert!((297_282.0 / 16_827.0 - ratio) > 15.0);
+        let cells = table3();
+        assert!((scan_ratio(&cells, |c| c.model_cycles) - ratio).abs() < 1e-9);
+        assert!((scan_ratio(&cells, |c| c.paper_model_cycles) - 297_282.0 / 16_827.0).abs() < 1e-9);
     }
 
     #[test]
