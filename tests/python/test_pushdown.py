@@ -287,25 +287,54 @@ JOIN_KEY_SET_SQL = (
 )
 
 
-def test_join_key_set_filters_the_probe_side_on_the_node(one_node, tmp_path):
-    """A hash join's key set (the ~1/1000 of parts that pass) reaches the node holding
-    `lineitem` as an IN list, which sends only the rows with a partner; with --pushdown off the
-    fragment ships every row. Results equal DuckDB's either way."""
-    urls, con = one_node["tpch"]
-    path = tmp_path / "join.sql"
-    path.write_text(JOIN_KEY_SET_SQL)
-    duck = q.duckdb_result(con, JOIN_KEY_SET_SQL)
+def _lineitem_rows_shipped(urls, con, sql, tmp_path):
+    """Runs `sql` with --pushdown auto and off, checks both against DuckDB, and returns per mode
+    the rows the node holding `lineitem` scanned and sent."""
+    path = tmp_path / "query.sql"
+    path.write_text(sql)
+    duck = q.duckdb_result(con, sql)
     shipped = {}
     for pushdown in ("auto", "off"):
         stats = tmp_path / f"stats-{pushdown}.json"
-        cmp = q.compare_query_results(JOIN_KEY_SET_SQL, _run(urls, path, pushdown, tmp_path, stats), duck)
+        cmp = q.compare_query_results(sql, _run(urls, path, pushdown, tmp_path, stats), duck)
         assert cmp, f"--pushdown {pushdown}: {cmp}"
         detail = json.loads(stats.read_text())
         scans = [op for op in detail["operators"] if op["operator"] == "FragmentExec" and op.get("table") == "lineitem"]
         assert len(scans) == 1, detail["operators"]
         shipped[pushdown] = (scans[0]["rows_in"], scans[0]["rows_out"])
+    return shipped
+
+
+def test_join_key_set_filters_the_probe_side_on_the_node(one_node, tmp_path):
+    """A hash join's key set (the ~1/1000 of parts that pass) reaches the node holding
+    `lineitem` as an IN list, which sends only the rows with a partner; with --pushdown off the
+    fragment ships every row. Results equal DuckDB's either way."""
+    urls, con = one_node["tpch"]
+    shipped = _lineitem_rows_shipped(urls, con, JOIN_KEY_SET_SQL, tmp_path)
     scanned, sent = shipped["auto"]
     assert 0 < sent and sent * 50 < scanned, shipped
+    assert shipped["off"][0] == shipped["off"][1], shipped
+
+
+LARGE_KEY_SET_SQL = (
+    "select l_orderkey, l_linenumber, l_quantity, o_orderpriority from orders, lineitem "
+    "where o_orderkey = l_orderkey and o_orderdate < date '1994-01-01'"
+)
+
+
+def test_large_join_key_set_travels_to_the_node(one_node, tmp_path):
+    """A build side beyond DataFusion's IN list (about 30% of orders: over 16K keys at the test
+    SF) reaches the node holding `lineitem` as a key set, collected as the join builds, which
+    sends only the lines of those orders; with --pushdown off every line crosses. Results equal
+    DuckDB's either way."""
+    urls, con = one_node["tpch"]
+    keys = con.execute("select count(*) from orders where o_orderdate < date '1994-01-01'").fetchone()[0]
+    assert keys > 16 * 1024, f"only {keys} keys: DataFusion would send them as an IN list"
+    plan = q.run_quarry(["sql", f"EXPLAIN {LARGE_KEY_SET_SQL}", "--nodes", urls, "--format", "csv"], tmp_path / "unused-warehouse").stdout
+    assert "KeySetCollectExec" in plan and "key sets=1" in plan, plan
+    shipped = _lineitem_rows_shipped(urls, con, LARGE_KEY_SET_SQL, tmp_path)
+    scanned, sent = shipped["auto"]
+    assert 0 < sent and sent * 2 < scanned, shipped
     assert shipped["off"][0] == shipped["off"][1], shipped
 
 

@@ -10,8 +10,10 @@
 
 use std::collections::HashMap;
 
+use arrow::datatypes::Schema;
 use datafusion::common::stats::Precision;
-use datafusion::common::{Column, ScalarValue};
+use datafusion::common::{Column, ColumnStatistics, ScalarValue, Statistics};
+use datafusion::logical_expr::utils::conjunction;
 use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, Operator};
 
@@ -42,6 +44,40 @@ pub struct Estimate {
     pub rows: f64,
     /// Per output column (by qualified name).
     pub columns: HashMap<Column, ColumnEstimate>,
+}
+
+impl ColumnEstimate {
+    /// The estimate of a column of a table of `rows` rows from its statistics.
+    fn of(stats: &ColumnStatistics, rows: f64) -> Self {
+        let nulls = stats.null_count.get_value().map_or(0.0, |&n| n as f64);
+        let distinct = match stats.distinct_count {
+            Precision::Exact(d) | Precision::Inexact(d) => d as f64,
+            Precision::Absent => rows - nulls,
+        };
+        ColumnEstimate {
+            distinct: distinct.max(1.0),
+            min: stats.min_value.get_value().and_then(as_number),
+            max: stats.max_value.get_value().and_then(as_number),
+            null_fraction: if rows > 0.0 { nulls / rows } else { 0.0 },
+        }
+    }
+}
+
+/// The share of a table's rows that pass `filters` (ANDed), estimated from the table's
+/// `statistics` (`schema`'s columns): what a scan's filters keep, for the physical plan's
+/// estimates where DataFusion's own analysis gives up.
+pub fn scan_selectivity(filters: &[Expr], statistics: &Statistics, schema: &Schema) -> Option<f64> {
+    let predicate = conjunction(filters.iter().cloned())?;
+    let rows = statistics.num_rows.get_value().map_or(UNKNOWN_ROWS, |&n| n as f64);
+    let columns = predicate
+        .column_refs()
+        .into_iter()
+        .filter_map(|column| {
+            let stats = statistics.column_statistics.get(schema.index_of(&column.name).ok()?)?;
+            Some((column.clone(), ColumnEstimate::of(stats, rows)))
+        })
+        .collect();
+    Some(selectivity(&predicate, &Estimate { rows, columns }))
 }
 
 impl Estimate {
@@ -95,20 +131,7 @@ pub fn estimate(plan: &LogicalPlan) -> Estimate {
             for column in plan.schema().columns() {
                 let Ok(index) = source_schema.index_of(&column.name) else { continue };
                 let Some(stats) = statistics.column_statistics.get(index) else { continue };
-                let nulls = stats.null_count.get_value().map_or(0.0, |&n| n as f64);
-                let distinct = match stats.distinct_count {
-                    Precision::Exact(d) | Precision::Inexact(d) => d as f64,
-                    Precision::Absent => rows - nulls,
-                };
-                columns.insert(
-                    column,
-                    ColumnEstimate {
-                        distinct: distinct.max(1.0),
-                        min: stats.min_value.get_value().and_then(as_number),
-                        max: stats.max_value.get_value().and_then(as_number),
-                        null_fraction: if rows > 0.0 { nulls / rows } else { 0.0 },
-                    },
-                );
+                columns.insert(column, ColumnEstimate::of(stats, rows));
             }
             let estimate = Estimate { rows, columns };
             match scan.fetch {

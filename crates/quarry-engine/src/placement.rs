@@ -403,7 +403,7 @@ impl PlacementRule {
         let passthrough = root.is::<ScanLeafExec>();
         let read_bytes: f64 = leaves(root)
             .iter()
-            .map(|leaf| plan_statistics(&(Arc::new(leaf.clone()) as Arc<dyn ExecutionPlan>)).and_then(|s| s.total_byte_size.get_value().copied()).unwrap_or(0) as f64)
+            .map(|leaf| leaf.stored_bytes().unwrap_or(0) as f64)
             .sum();
         let decode_ns = decode_ns(root, &self.host);
         // Work spread over the device's threads, and a join's, which is not: the node's Grace

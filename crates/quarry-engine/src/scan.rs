@@ -20,7 +20,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{Statistics, internal_err};
-use datafusion::physical_expr::expressions::InListExpr;
+use datafusion::physical_expr::expressions::{Column, InListExpr};
 use datafusion::physical_expr::{conjunction, conjunction_opt, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::{snapshot_physical_expr, snapshot_physical_expr_opt};
 use datafusion::physical_plan::filter::FilterExec;
@@ -33,8 +33,10 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{Stream, StreamExt, TryStreamExt};
+use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::{LinkCodec, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
+use crate::key_set_filter::KeySetSlot;
 use crate::placement::Placement;
 use crate::stored_scan::stored_scan;
 
@@ -91,6 +93,9 @@ pub struct FragmentExec {
     /// offload). The join fills them once its build side is complete; each partition takes a
     /// snapshot when it starts, which is after the build side (the join polls it first).
     join_filters: Vec<Arc<dyn PhysicalExpr>>,
+    /// Key sets of hash joins above whose build sides are too large for DataFusion's `IN`
+    /// list, each with the output column it filters (see [`crate::key_set_filter`]).
+    key_sets: Vec<(Arc<KeySetSlot>, String)>,
     /// Passthrough only: the filters above the scan (static, and dynamic ones from joins),
     /// with which the host's reader of the stored bytes skips row groups and pages by their
     /// statistics, as any reader of Parquet files on an object store does. They still run
@@ -128,6 +133,7 @@ impl FragmentExec {
             decisions: Vec::new(),
             accepts_join_filters: false,
             join_filters: Vec::new(),
+            key_sets: Vec::new(),
             pruning_filters: Vec::new(),
             link_codec: LinkCodec::None,
             properties: Arc::new(properties),
@@ -145,6 +151,7 @@ impl FragmentExec {
         fragment.decisions = self.decisions.iter().cloned().chain(decision).collect();
         fragment.accepts_join_filters = self.accepts_join_filters;
         fragment.join_filters = self.join_filters.clone();
+        fragment.key_sets = self.key_sets.clone();
         fragment.link_codec = self.link_codec;
         fragment.prediction = self.prediction;
         if fragment.is_passthrough() {
@@ -159,6 +166,20 @@ impl FragmentExec {
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
         fragment.accepts_join_filters = true;
         Ok(fragment)
+    }
+
+    /// The same fragment, its output column `column` filtered by the key set `slot` will hold;
+    /// `None` if it takes no join filters (`--pushdown off`) or all its nodes are in-process.
+    /// An embedded node shares the host's cores and sends no bytes, and the filter only moves
+    /// work: over TPC-H's Snappy pages the node's page selection costs what the host's decode
+    /// and probe did (SF 10, Q03/Q05/Q10 2-5% slower with it).
+    pub fn with_key_set(&self, slot: Arc<KeySetSlot>, column: String) -> Result<Option<Self>> {
+        if !self.accepts_join_filters || self.partitions.iter().all(|p| p.node.in_process()) {
+            return Ok(None);
+        }
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
+        fragment.key_sets.push((slot, column));
+        Ok(Some(fragment))
     }
 
     /// The same fragment, its batches compressed with `codec` on the link.
@@ -239,12 +260,22 @@ impl FragmentExec {
 /// directly on a leaf, so the node prunes segments with it too). Only the key sets (`IN` lists)
 /// go: the key bounds of TPC-H's and SSB's joins span nearly all of the probe side's keys, and
 /// a filter over a scan that passes every row costs its evaluation and the page reader's gather
-/// for nothing (Q03 took 1.8x as long with them); a hash table lookup cannot travel.
-fn with_join_filters(root: Arc<dyn ExecutionPlan>, join_filters: &[Arc<dyn PhysicalExpr>]) -> Result<Arc<dyn ExecutionPlan>> {
+/// for nothing (Q03 took 1.8x as long with them); a hash table lookup cannot travel, but the
+/// build side's keys can, as a key set (for a column no `IN` list filters).
+fn with_join_filters(root: Arc<dyn ExecutionPlan>, join_filters: &[Arc<dyn PhysicalExpr>], key_sets: &[(Arc<KeySetSlot>, String)]) -> Result<Arc<dyn ExecutionPlan>> {
     let mut conjuncts = Vec::new();
     for filter in join_filters {
         let snapshot = snapshot_physical_expr(Arc::clone(filter))?;
         conjuncts.extend(split_conjunction(&snapshot).into_iter().filter(|c| c.downcast_ref::<InListExpr>().is_some_and(|l| !l.negated())).cloned());
+    }
+    let listed: Vec<String> = conjuncts.iter().filter_map(|c| c.downcast_ref::<InListExpr>()?.expr().downcast_ref::<Column>().map(|c| c.name().to_string())).collect();
+    for (slot, column) in key_sets {
+        if let Some(set) = slot.get()
+            && !listed.contains(column)
+        {
+            let column = Arc::new(Column::new_with_schema(column, &root.schema())?);
+            conjuncts.push(Arc::new(KeySetExpr::new(column, set)));
+        }
     }
     let shippable: Vec<_> = conjuncts
         .into_iter()
@@ -283,6 +314,9 @@ impl DisplayAs for FragmentExec {
         write!(f, "FragmentExec: {mode}, nodes=[{}], partitions={}, segments={segments}", nodes.join(", "), self.partitions.len())?;
         if !self.join_filters.is_empty() {
             write!(f, ", join filters={}", self.join_filters.len())?;
+        }
+        if !self.key_sets.is_empty() {
+            write!(f, ", key sets={}", self.key_sets.len())?;
         }
         if !self.pruning_filters.is_empty() {
             write!(f, ", pruning filters={}", self.pruning_filters.len())?;
@@ -339,6 +373,7 @@ impl ExecutionPlan for FragmentExec {
         };
         let bound = self.bind_partition(part)?;
         let join_filters = self.join_filters.clone();
+        let key_sets = self.key_sets.clone();
         let counter = |name: &'static str| MetricBuilder::new(&self.metrics).counter(name, partition);
         let counters = FragmentCounters {
             output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
@@ -379,7 +414,7 @@ impl ExecutionPlan for FragmentExec {
             // Decided and encoded at the first poll, not in `execute`: a join filter is
             // complete only once the join has built its hash table, which it does before it
             // polls this side.
-            let fragment = with_join_filters(bound, &join_filters)?;
+            let fragment = with_join_filters(bound, &join_filters, &key_sets)?;
             match stored {
                 Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
                     stored_scan(node, &leaf, &segments, stored_schema, predicate, context)

@@ -24,7 +24,9 @@ use quarry_model::energy::{COMPONENTS, DevicePower, Energy, HostPower, joules};
 use quarry_storage::StorageNode;
 
 use crate::accounting::QueryStats;
+use crate::filter_estimate::FilterEstimateRule;
 use crate::join_order::JoinOrderRule;
+use crate::key_set_filter::KeySetRule;
 use crate::magic_set::MagicSetRule;
 use crate::conjunct_order::ConjunctOrderRule;
 use crate::decimal_arith::DecimalArithRule;
@@ -161,8 +163,13 @@ impl QuarrySession {
         // Placement runs first, on the plan as the planner built it (partial aggregates directly
         // above their inputs, before DataFusion adds repartitioning and coalescing).
         // Conjunct order before that: a pushed filter carries its order to the node.
-        let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(ConjunctOrderRule), Arc::new(placement)];
+        // Filter estimates first: placement and DataFusion's join selection read them.
+        let mut rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> = vec![Arc::new(FilterEstimateRule), Arc::new(ConjunctOrderRule), Arc::new(placement)];
         rules.extend(state.physical_optimizers().iter().cloned());
+        // Key sets once the join modes are chosen, before DataFusion hands the joins' dynamic
+        // filters down (which sees the key set collectors in place).
+        let post_pushdown = rules.iter().position(|r| r.name() == "FilterPushdown(Post)").unwrap_or(rules.len());
+        rules.insert(post_pushdown, Arc::new(KeySetRule));
         // Decimal arithmetic in 64 bits, on the host's operators (after placement: what goes to
         // a node is DataFusion's own plan).
         rules.push(Arc::new(DecimalArithRule));

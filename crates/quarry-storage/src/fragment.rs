@@ -16,6 +16,8 @@ use datafusion::common::{Statistics, internal_err, plan_datafusion_err, plan_err
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr_common::physical_expr::proto_decode::PhysicalExprDecodeCtx;
+use datafusion::physical_expr_common::physical_expr::proto_encode::PhysicalExprEncodeCtx;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 #[allow(deprecated)]
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -38,6 +40,7 @@ use prost::Message;
 use quarry_table::PageEncoding;
 
 use crate::api::{Fragment, LinkCodec, ScanLeaf};
+use crate::key_set::{KeySet, KeySetExpr};
 use crate::star::{StarProbeExec, decode_probe, encode_probe};
 
 /// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
@@ -47,11 +50,18 @@ pub struct ScanLeafExec {
     leaf: ScanLeaf,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
-    /// The host's estimate of what the leaf reads (not shipped).
+    /// The host's estimate of what the leaf produces, decoded (not shipped).
     statistics: Option<Arc<Statistics>>,
     /// How the table's pages are encoded, for the host's cost model (not shipped: the node
     /// reads its own manifest).
     page_encoding: PageEncoding,
+    /// The stored (compressed) bytes of the columns it reads, for the host's cost model (not
+    /// shipped). The statistics' `total_byte_size` is the decoded size, which DataFusion
+    /// compares to choose a hash join's build side.
+    stored_bytes: Option<u64>,
+    /// The host's estimate of the share of rows the filters above the leaf pass (not shipped):
+    /// the default selectivity of those filters where DataFusion's analysis gives up.
+    filter_selectivity: Option<f64>,
 }
 
 impl ScanLeafExec {
@@ -63,7 +73,7 @@ impl ScanLeafExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
-        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None, page_encoding: PageEncoding::default() }
+        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None, page_encoding: PageEncoding::default(), stored_bytes: None, filter_selectivity: None }
     }
 
     /// The leaf with the host's estimate of its output, which DataFusion propagates through
@@ -77,6 +87,28 @@ impl ScanLeafExec {
     pub fn with_page_encoding(mut self, page_encoding: PageEncoding) -> Self {
         self.page_encoding = page_encoding;
         self
+    }
+
+    /// The leaf reading `stored_bytes` bytes as stored.
+    pub fn with_stored_bytes(mut self, stored_bytes: u64) -> Self {
+        self.stored_bytes = Some(stored_bytes);
+        self
+    }
+
+    /// The leaf under filters that pass `selectivity` of its rows (the host's estimate).
+    pub fn with_filter_selectivity(mut self, selectivity: Option<f64>) -> Self {
+        self.filter_selectivity = selectivity;
+        self
+    }
+
+    /// See [`Self::with_filter_selectivity`].
+    pub fn filter_selectivity(&self) -> Option<f64> {
+        self.filter_selectivity
+    }
+
+    /// The stored bytes of the columns it reads (as the host knows them).
+    pub fn stored_bytes(&self) -> Option<u64> {
+        self.stored_bytes
     }
 
     /// How the table's pages are encoded (as the host knows it).
@@ -149,6 +181,9 @@ pub type LeafResolver = Arc<dyn Fn(&ScanLeaf) -> Result<SchemaRef> + Send + Sync
 /// The first byte of an encoded star probe (a scan leaf's encoding is JSON, starting with `{`).
 const STAR_PROBE_TAG: u8 = b'S';
 
+/// The first byte of an encoded key set expression.
+const KEY_SET_TAG: u8 = b'K';
+
 /// The codec for fragment leaves and star probes. Encoding needs no catalog; decoding resolves
 /// every leaf.
 struct LeafCodec {
@@ -207,6 +242,24 @@ impl PhysicalExtensionCodec for LeafCodec {
             return Ok(());
         }
         plan_err!("operator {} cannot be shipped to a storage node", node.name())
+    }
+
+    /// A join's key set: its one child (the probe column) travels as a proto node, the keys as
+    /// [`KeySet::encode`]'s bytes.
+    fn try_encode_expr(&self, node: &Arc<dyn PhysicalExpr>, buf: &mut Vec<u8>, _ctx: &PhysicalExprEncodeCtx<'_>) -> Result<()> {
+        let Some(key_set) = node.downcast_ref::<KeySetExpr>() else {
+            return plan_err!("expression {node} cannot be shipped to a storage node");
+        };
+        buf.push(KEY_SET_TAG);
+        buf.extend(key_set.set().encode());
+        Ok(())
+    }
+
+    fn try_decode_expr(&self, buf: &[u8], inputs: &[Arc<dyn PhysicalExpr>], _ctx: &PhysicalExprDecodeCtx<'_>) -> Result<Arc<dyn PhysicalExpr>> {
+        match (buf.split_first(), inputs) {
+            (Some((&KEY_SET_TAG, keys)), [column]) if column.is::<Column>() => Ok(Arc::new(KeySetExpr::new(Arc::clone(column), Arc::new(KeySet::decode(keys)?)))),
+            _ => plan_err!("fragment: unknown extension expression"),
+        }
     }
 }
 

@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod fragment;
 pub mod grace_join;
 pub mod graph_job;
+pub mod key_set;
 pub mod local;
 pub mod page_reader;
 pub mod page_select;

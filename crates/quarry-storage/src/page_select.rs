@@ -34,6 +34,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::metadata::ParquetMetaData;
 
+use crate::key_set::{self, Bitmap, KeySet, KeySetExpr};
 use crate::page_reader::{ColumnChunk, NO_CODE, ValueKind, read_footer};
 
 /// Column chunks read ahead of the one being decoded.
@@ -132,10 +133,8 @@ pub enum Comparison {
 pub struct IntSet {
     /// Sorted, without repeats.
     values: Vec<i64>,
-    /// The smallest value (bit 0 of `bitmap`).
-    min: i64,
-    /// Bit `v - min` is set for each value; empty when the range is too sparse.
-    bitmap: Vec<u64>,
+    /// The values as bits over their range; `None` when the range is too sparse.
+    bitmap: Option<Bitmap>,
 }
 
 /// Values compared one by one at most.
@@ -148,25 +147,22 @@ impl IntSet {
     pub fn new(mut values: Vec<i64>) -> Self {
         values.sort_unstable();
         values.dedup();
-        let (min, max) = (values.first().copied().unwrap_or(0), values.last().copied().unwrap_or(0));
-        let words = (max.abs_diff(min) >> 6) + 1;
-        let mut bitmap = Vec::new();
-        if values.len() > LINEAR_SET && words <= (BITMAP_WORDS_PER_VALUE * values.len() as u64).max(BITMAP_ANY_WORDS) {
-            bitmap = vec![0u64; words as usize];
-            for &v in &values {
-                let offset = v.abs_diff(min);
-                bitmap[(offset >> 6) as usize] |= 1 << (offset & 63);
-            }
-        }
-        IntSet { values, min, bitmap }
+        let span = values.last().map_or(0, |max| max.abs_diff(values[0]));
+        let words = (span >> 6) + 1;
+        let dense = values.len() > LINEAR_SET && span < key_set::MAX_RANGE && words <= (BITMAP_WORDS_PER_VALUE * values.len() as u64).max(BITMAP_ANY_WORDS);
+        let bitmap = dense.then(|| Bitmap::of(&values));
+        IntSet { values, bitmap }
+    }
+
+    /// A join's key set, always as a bitmap (its range is bounded).
+    pub fn of_key_set(set: &KeySet) -> Self {
+        IntSet { values: set.keys().to_vec(), bitmap: Some(Bitmap::of(set.keys())) }
     }
 
     #[inline]
     pub fn contains(&self, value: i64) -> bool {
-        if !self.bitmap.is_empty() {
-            // Below `min` the wrapped offset is beyond the bitmap.
-            let offset = value.wrapping_sub(self.min) as u64;
-            return self.bitmap.get((offset >> 6) as usize).is_some_and(|word| word >> (offset & 63) & 1 == 1);
+        if let Some(bitmap) = &self.bitmap {
+            return bitmap.contains(value);
         }
         if self.values.len() <= LINEAR_SET { self.values.contains(&value) } else { self.values.binary_search(&value).is_ok() }
     }
@@ -197,6 +193,11 @@ impl Comparison {
                 return matches!(op, Operator::Eq | Operator::NotEq).then_some((column.index(), Comparison::Bytes(op, text)));
             }
             return Some((column.index(), Comparison::Int(op, int_literal(literal.value(), data_type)?)));
+        }
+        if let Some(key_set) = expr.downcast_ref::<KeySetExpr>() {
+            let column = key_set.column()?;
+            key_set::supports(columns.fields().get(column.index())?.data_type()).then_some(())?;
+            return Some((column.index(), Comparison::IntIn(IntSet::of_key_set(key_set.set()))));
         }
         if let Some(list) = expr.downcast_ref::<InListExpr>() {
             let column = list.expr().downcast_ref::<Column>()?;
