@@ -13,6 +13,7 @@ pub mod decimal_arith;
 pub mod filter_estimate;
 pub mod join_order;
 pub mod key_set_filter;
+pub mod keyed_aggregate;
 pub mod magic_set;
 pub mod output;
 pub mod placement;

@@ -19,7 +19,9 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::{Statistics, internal_err};
+use arrow::compute::SortOptions;
+use datafusion::common::{ScalarValue, Statistics, internal_err};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalSortExpr};
 use datafusion::physical_expr::expressions::{Column, InListExpr};
 use datafusion::physical_expr::{conjunction, conjunction_opt, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::{snapshot_physical_expr, snapshot_physical_expr_opt};
@@ -67,6 +69,15 @@ pub mod metric {
     pub const HOST_RECEIVE_NS: &str = "host_receive_ns";
 }
 
+/// The values of one column in one partition of a fragment: their bounds (NULLs aside), and
+/// whether the partition's rows arrive in ascending order of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyRange {
+    pub min: ScalarValue,
+    pub max: ScalarValue,
+    pub ascending: bool,
+}
+
 /// One partition of a fragment: the node it runs on and, for each leaf of the fragment (in
 /// plan order), the table version and segments it reads.
 #[derive(Debug, Clone)]
@@ -111,6 +122,9 @@ pub struct FragmentExec {
     prediction: Option<(f64, &'static str)>,
     /// The longest time a partition's consumer spent waiting for it (None before any ended).
     waited: Arc<Mutex<Option<Duration>>>,
+    /// The output column each partition's rows are declared ascending in (see
+    /// [`FragmentExec::with_ascending_output`]).
+    ascending: Option<String>,
 }
 
 impl FragmentExec {
@@ -141,7 +155,66 @@ impl FragmentExec {
             node_stats: Arc::new(Mutex::new(BTreeMap::new())),
             prediction: None,
             waited: Arc::new(Mutex::new(None)),
+            ascending: None,
         })
+    }
+
+    /// The same fragment, declaring each partition's rows ascending in output column `column`,
+    /// if it reads its segments as stored, in order (a bare leaf with no join filter or key
+    /// set: a node runs a fragment's segments in parallel) and each partition's segments are
+    /// ascending in the column with bounds in the same order. The caller adds no join filter
+    /// after (the rule that asks runs last).
+    pub fn with_ascending_output(&self, column: usize) -> Result<Option<Self>> {
+        let Some(leaf) = self.root.downcast_ref::<ScanLeafExec>() else { return Ok(None) };
+        if !self.join_filters.is_empty() || !self.key_sets.is_empty() || leaf.leaf().limit.is_some() {
+            return Ok(None);
+        }
+        let schema = self.schema();
+        let name = schema.field(column).name();
+        let Some(ranges) = self.key_ranges(name)? else { return Ok(None) };
+        if !ranges.iter().all(|partition| partition.ascending) {
+            return Ok(None);
+        }
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
+        let sort = PhysicalSortExpr::new(Arc::new(Column::new(name, column)), SortOptions { descending: false, nulls_first: false });
+        let equivalence = EquivalenceProperties::new_with_orderings(Arc::clone(&schema), [[sort]]);
+        let properties = PlanProperties::new(equivalence, fragment.properties.partitioning.clone(), fragment.properties.emission_type, Boundedness::Bounded);
+        fragment.properties = Arc::new(properties);
+        fragment.ascending = Some(name.clone());
+        Ok(Some(fragment))
+    }
+
+    /// Per partition, the range of the leaf column `name` over its segments, and whether its
+    /// rows arrive in ascending order of it (each segment ascending, their bounds in order);
+    /// `None` unless the fragment reads one leaf and every segment records the column's bounds
+    /// and no NULL in it.
+    pub fn key_ranges(&self, name: &str) -> Result<Option<Vec<KeyRange>>> {
+        let leaves = leaves(&self.root);
+        let [leaf] = leaves.as_slice() else { return Ok(None) };
+        let Ok(field) = leaf.schema().field_with_name(name).cloned() else { return Ok(None) };
+        let mut ranges = Vec::with_capacity(self.partitions.len());
+        for partition in &self.partitions {
+            let [(_, segments)] = partition.leaves.as_slice() else { return Ok(None) };
+            let mut range: Option<KeyRange> = None;
+            for segment in segments {
+                let Some(bounds) = segment.columns.iter().find(|c| c.name == *name && c.null_count == Some(0)) else { return Ok(None) };
+                let (Some(min), Some(max)) = (&bounds.min, &bounds.max) else { return Ok(None) };
+                let min = ScalarValue::try_from_string(min.clone(), field.data_type())?;
+                let max = ScalarValue::try_from_string(max.clone(), field.data_type())?;
+                range = Some(match range {
+                    None => KeyRange { ascending: bounds.ascending, min, max },
+                    Some(r) => KeyRange {
+                        ascending: r.ascending && bounds.ascending && r.max <= min,
+                        min: if min < r.min { min } else { r.min },
+                        max: if max > r.max { max } else { r.max },
+                    },
+                });
+            }
+            if let Some(range) = range {
+                ranges.push(range);
+            }
+        }
+        Ok(Some(ranges))
     }
 
     /// The same partitions running another root (the old one with operators added on top),
@@ -323,6 +396,9 @@ impl DisplayAs for FragmentExec {
         }
         if self.link_codec != LinkCodec::None {
             write!(f, ", link codec={}", self.link_codec.name())?;
+        }
+        if let Some(column) = &self.ascending {
+            write!(f, ", partitions in order of {column}")?;
         }
         for decision in &self.decisions {
             write!(f, ", {decision}")?;

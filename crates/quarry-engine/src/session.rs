@@ -27,6 +27,7 @@ use crate::accounting::QueryStats;
 use crate::filter_estimate::FilterEstimateRule;
 use crate::join_order::JoinOrderRule;
 use crate::key_set_filter::KeySetRule;
+use crate::keyed_aggregate::KeyedAggregateRule;
 use crate::magic_set::MagicSetRule;
 use crate::conjunct_order::ConjunctOrderRule;
 use crate::decimal_arith::DecimalArithRule;
@@ -170,6 +171,9 @@ impl QuarrySession {
         // filters down (which sees the key set collectors in place).
         let post_pushdown = rules.iter().position(|r| r.name() == "FilterPushdown(Post)").unwrap_or(rules.len());
         rules.insert(post_pushdown, Arc::new(KeySetRule));
+        // Single-step aggregates where partitions hold disjoint keys: after DataFusion's
+        // distribution checks, which know only hash partitioning.
+        rules.push(Arc::new(KeyedAggregateRule));
         // Decimal arithmetic in 64 bits, on the host's operators (after placement: what goes to
         // a node is DataFusion's own plan).
         rules.push(Arc::new(DecimalArithRule));

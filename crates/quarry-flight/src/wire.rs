@@ -10,7 +10,7 @@ use arrow_flight::{SchemaAsIpc, SchemaResult};
 use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
-use quarry_storage::{Fragment, LinkCodec, SegmentInfo, TableInfo};
+use quarry_storage::{Fragment, LinkCodec, SegmentColumn, SegmentInfo, TableInfo};
 use quarry_table::manifest::TableSchema;
 use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
@@ -74,6 +74,18 @@ pub struct TableInfoWire {
     columns: Vec<ColumnStatsWire>,
     #[serde(default)]
     page_encoding: PageEncoding,
+    /// Per segment, per column: bounds and NULL count (absent from older nodes).
+    #[serde(default)]
+    segment_columns: Vec<Vec<SegmentColumnWire>>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SegmentColumnWire {
+    min: Option<String>,
+    max: Option<String>,
+    null_count: Option<u64>,
+    #[serde(default)]
+    ascending: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -98,6 +110,11 @@ impl TableInfoWire {
             schema_ipc: schema.schema.to_vec(),
             page_encoding: info.page_encoding,
             segments: info.segments.iter().map(|s| (s.id.clone(), s.rows, s.bytes)).collect(),
+            segment_columns: info
+                .segments
+                .iter()
+                .map(|s| s.columns.iter().map(|c| SegmentColumnWire { min: c.min.clone(), max: c.max.clone(), null_count: c.null_count, ascending: c.ascending }).collect())
+                .collect(),
             columns: info
                 .column_statistics
                 .iter()
@@ -140,11 +157,29 @@ impl TableInfoWire {
                 }
             })
             .collect();
+        if !self.segment_columns.is_empty() && self.segment_columns.len() != self.segments.len() {
+            return Err(bad(format!("column bounds for {} segments of {}", self.segment_columns.len(), self.segments.len())));
+        }
+        if let Some(bounds) = self.segment_columns.iter().find(|c| c.len() != schema.fields().len()) {
+            return Err(bad(format!("a segment's bounds of {} columns for {} columns", bounds.len(), schema.fields().len())));
+        }
+        let mut segments = Vec::with_capacity(self.segments.len());
+        for (i, (id, rows, bytes)) in self.segments.iter().enumerate() {
+            let columns = match self.segment_columns.get(i) {
+                Some(bounds) => bounds
+                    .iter()
+                    .zip(schema.fields())
+                    .map(|(b, field)| SegmentColumn { name: field.name().clone(), min: b.min.clone(), max: b.max.clone(), null_count: b.null_count, ascending: b.ascending })
+                    .collect(),
+                None => Vec::new(),
+            };
+            segments.push(SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes, columns });
+        }
         Ok(TableInfo {
             name: self.name.clone(),
             version: self.version,
             schema: Arc::new(schema),
-            segments: self.segments.iter().map(|(id, rows, bytes)| SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes }).collect(),
+            segments,
             column_statistics,
             column_bytes: self.columns.iter().map(|c| c.stored_bytes).collect(),
             page_encoding: self.page_encoding,

@@ -60,6 +60,24 @@ pub struct SegmentInfo {
     pub rows: u64,
     /// Bytes of the segment file.
     pub bytes: u64,
+    /// Per column, the segment's bounds and order (empty where the node did not send them),
+    /// with which the host finds partitions that hold disjoint keys, in order.
+    pub columns: Vec<SegmentColumn>,
+}
+
+/// One column's bounds in one segment, in the manifest's canonical text form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentColumn {
+    /// Column name.
+    pub name: String,
+    /// Lower bound of its non-NULL values, if known.
+    pub min: Option<String>,
+    /// Upper bound, if known.
+    pub max: Option<String>,
+    /// NULLs, if known.
+    pub null_count: Option<u64>,
+    /// The segment's rows are in non-decreasing order of this column (no NULLs).
+    pub ascending: bool,
 }
 
 /// What one leaf of a fragment reads: some of a table's segments, by name. A leaf names tables,

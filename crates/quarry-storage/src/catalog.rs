@@ -12,7 +12,7 @@ use datafusion::common::{Column, ColumnStatistics, ScalarValue, plan_datafusion_
 use datafusion::error::{DataFusionError, Result};
 use quarry_table::{DistinctSketch, SegmentMeta, TableError, TableSnapshot};
 
-use crate::api::{SegmentInfo, TableInfo};
+use crate::api::{SegmentColumn, SegmentInfo, TableInfo};
 
 /// Maps table-layer errors to DataFusion errors a user can read: a missing table is a planning
 /// error; anything else reports the file concerned.
@@ -59,7 +59,16 @@ pub fn table_info(snapshot: &TableSnapshot) -> TableInfo {
             .manifest
             .segments
             .iter()
-            .map(|s| SegmentInfo { id: s.id.clone(), rows: s.rows, bytes: s.bytes })
+            .map(|s| SegmentInfo {
+                id: s.id.clone(),
+                rows: s.rows,
+                bytes: s.bytes,
+                columns: s
+                    .columns
+                    .iter()
+                    .map(|c| SegmentColumn { name: c.name.clone(), min: c.min.clone(), max: c.max.clone(), null_count: c.null_count, ascending: c.ascending })
+                    .collect(),
+            })
             .collect(),
     }
 }

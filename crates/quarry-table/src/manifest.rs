@@ -110,6 +110,11 @@ pub struct ColumnStats {
     /// the planner's estimates; absent for types without one and in older manifests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distinct: Option<String>,
+    /// The segment's rows are in non-decreasing order of this column, which has no NULLs
+    /// (checked as the rows were written; false in older manifests). With bounds that do not
+    /// overlap, a reader can aggregate or merge on the column segment by segment.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ascending: bool,
 }
 
 impl TableSchema {

@@ -5,8 +5,9 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::compute::{SortOptions, cast, sort_to_indices};
-use arrow::datatypes::SchemaRef;
+use arrow::compute::kernels::cmp::lt;
+use arrow::compute::{SortOptions, cast, concat, sort_to_indices};
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -88,6 +89,8 @@ pub struct SegmentWriter {
     rows: u64,
     /// Per column, its distinct values so far (`None` for types without a sketch).
     sketches: Vec<Option<DistinctSketch>>,
+    /// Per column, whether its values have arrived in order so far.
+    order: Vec<OrderCheck>,
 }
 
 impl SegmentWriter {
@@ -112,7 +115,8 @@ impl SegmentWriter {
         let writer = ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, ChecksumWriter::new(file)), schema.clone(), Some(props.build()))
             .map_err(|e| TableError::WriteSegment { path: path.clone(), reason: e.to_string() })?;
         let sketches = schema.fields().iter().map(|f| DistinctSketch::supports(f.data_type()).then(DistinctSketch::default)).collect();
-        Ok(SegmentWriter { id, path, schema, writer: Some(writer), rows: 0, sketches })
+        let order = schema.fields().iter().map(|f| OrderCheck::new(f.data_type())).collect();
+        Ok(SegmentWriter { id, path, schema, writer: Some(writer), rows: 0, sketches, order })
     }
 
     /// The segment's id.
@@ -142,6 +146,9 @@ impl SegmentWriter {
                 sketch.add_array(column);
             }
         }
+        for (order, column) in self.order.iter_mut().zip(batch.columns()) {
+            order.add(column);
+        }
         Ok(())
     }
 
@@ -167,8 +174,9 @@ impl SegmentWriter {
             path: self.path.clone(),
             reason,
         })?;
-        for (column, sketch) in columns.iter_mut().zip(&self.sketches) {
+        for ((column, sketch), order) in columns.iter_mut().zip(&self.sketches).zip(&self.order) {
             column.distinct = sketch.as_ref().map(DistinctSketch::encode);
+            column.ascending = order.ascending && self.rows > 0;
         }
         assert_eq!(metadata.file_metadata().num_rows() as u64, self.rows, "parquet row count differs from rows written");
         let meta = SegmentMeta {
@@ -182,6 +190,33 @@ impl SegmentWriter {
         };
         self.path = PathBuf::new(); // finished: keep the file
         Ok(meta)
+    }
+}
+
+/// Whether a column's values arrive in non-decreasing order with no NULLs. Checked for integer,
+/// decimal and temporal columns only (the keys a table is sorted by); others are never ascending.
+struct OrderCheck {
+    ascending: bool,
+    /// The last value seen, copied out of its batch (a slice would keep the batch alive).
+    last: Option<ArrayRef>,
+}
+
+impl OrderCheck {
+    fn new(data_type: &DataType) -> Self {
+        let checked = data_type.is_integer() || data_type.is_temporal() || matches!(data_type, DataType::Decimal128(..) | DataType::Decimal256(..));
+        OrderCheck { ascending: checked, last: None }
+    }
+
+    fn add(&mut self, column: &ArrayRef) {
+        if !self.ascending || column.is_empty() {
+            return;
+        }
+        let n = column.len();
+        let descends = |later: &dyn Array, earlier: &dyn Array| lt(&later, &earlier).map(|d| d.true_count() > 0).unwrap_or(true);
+        self.ascending = column.null_count() == 0
+            && !descends(column.slice(1, n - 1).as_ref(), column.slice(0, n - 1).as_ref())
+            && self.last.as_ref().is_none_or(|last| !descends(column.slice(0, 1).as_ref(), last.as_ref()));
+        self.last = if self.ascending { concat(&[column.slice(n - 1, 1).as_ref()]).ok() } else { None };
     }
 }
 
@@ -263,6 +298,7 @@ fn column_stats(metadata: &ParquetMetaData, schema: &SchemaRef) -> std::result::
             compressed_bytes,
             uncompressed_bytes,
             distinct: None,
+            ascending: false,
         });
     }
     Ok(out)

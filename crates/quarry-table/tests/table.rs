@@ -61,6 +61,29 @@ fn commit_records_rows_and_statistics() {
     assert_eq!(warehouse.table_names().unwrap(), ["t"]);
 }
 
+/// A column is recorded ascending only if every row, across the batches of a segment, is no
+/// smaller than the one before and none is NULL; strings are not checked.
+#[test]
+fn segments_record_which_columns_ascend() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let ascending = |batches: Vec<RecordBatch>| -> Vec<bool> {
+        let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions::default(), vec![]).unwrap();
+        let segments = write_batches(&writer, batches.into_iter().map(Ok), &|_| {}).unwrap();
+        let manifest = writer.commit(segments, vec![]).unwrap();
+        manifest.segments[0].columns.iter().map(|c| c.ascending).collect()
+    };
+    // In order across two batches (id, day and price ascend; name has NULLs and is a string).
+    assert_eq!(ascending(vec![batch(1..500), batch(500..1001)]), [true, false, true, true]);
+    // Each batch in order, the second starting below the first's end.
+    assert_eq!(ascending(vec![batch(1..500), batch(498..1001)]), [false, false, false, false]);
+    // Equal neighbours are in order.
+    assert_eq!(ascending(vec![batch(1..500), batch(499..500), batch(499..600)]), [true, false, true, true]);
+    // Out of order inside one batch.
+    let reversed = arrow::compute::take_record_batch(&batch(1..101), &arrow::array::UInt32Array::from_iter_values((0..100).rev())).unwrap();
+    assert_eq!(ascending(vec![reversed]), [false, false, false, false]);
+}
+
 #[test]
 fn append_adds_segments_and_replace_swaps_them() {
     let dir = tempfile::tempdir().unwrap();
