@@ -338,6 +338,54 @@ def test_large_join_key_set_travels_to_the_node(one_node, tmp_path):
     assert shipped["off"][0] == shipped["off"][1], shipped
 
 
+def _embedded_lineitem_rows(warehouse, sql, tmp_path, *args):
+    """Runs `sql` embedded (with `args`), checks it against DuckDB, and returns the rows the
+    `lineitem` fragment scanned and passed on."""
+    stats = tmp_path / "stats.json"
+    out = tmp_path / "result.parquet"
+    q.run_quarry(["sql", sql, *args, "--format", "parquet", "--output", out, "--stats", stats], warehouse)
+    con = q.duckdb_connect(warehouse, threads=2)
+    try:
+        cmp = q.compare_query_results(sql, q.read_parquet_result(out), q.duckdb_result(con, sql))
+    finally:
+        con.close()
+    assert cmp, cmp
+    scans = [op for op in json.loads(stats.read_text())["operators"] if op["operator"] == "FragmentExec" and op.get("table") == "lineitem"]
+    assert len(scans) == 1, scans
+    return scans[0]["rows_in"], scans[0]["rows_out"]
+
+
+def test_large_join_key_set_filters_on_the_host_when_embedded(tpch_warehouse, tmp_path):
+    """Embedded, the same key set is tested by the host on the decoded `lineitem` batches
+    before the join probes them (a bitmap test instead of a hash lookup): the fragment passes
+    on only the lines of those orders; with --pushdown off (no join filters) every line."""
+    plan = q.run_quarry(["sql", f"EXPLAIN {LARGE_KEY_SET_SQL}", "--format", "csv"], tpch_warehouse).stdout
+    assert "KeySetCollectExec" in plan and "key sets=1" in plan, plan
+    scanned, sent = _embedded_lineitem_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path)
+    assert 0 < sent and sent * 2 < scanned, (scanned, sent)
+    scanned, sent = _embedded_lineitem_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path, "--pushdown", "off")
+    assert sent == scanned, (scanned, sent)
+
+
+# Orders' keys reach `lineitem` through the probe side of the supplier join below them.
+STACKED_KEY_SETS_SQL = (
+    "select n_name, sum(l_extendedprice) as revenue, count(*) as n from orders, lineitem, supplier, nation "
+    "where o_orderkey = l_orderkey and l_suppkey = s_suppkey and s_nationkey = n_nationkey "
+    "and o_orderdate < date '1994-01-01' and n_regionkey = 2 group by n_name"
+)
+
+
+def test_key_sets_pass_through_the_probe_side_of_a_join(tpch_warehouse, tmp_path):
+    """Two joins stacked on `lineitem`'s side: each build side's key set reaches the scan, so
+    the fragment passes on only lines of a kept order from a kept supplier (ordinary joins: the
+    star join would take this aggregate)."""
+    plan = q.run_quarry(["--threads", "2", "sql", f"EXPLAIN {STACKED_KEY_SETS_SQL}", "--star-join", "off", "--format", "csv"], tpch_warehouse).stdout
+    lineitem = [line for line in plan.splitlines() if "FragmentExec" in line and "table=lineitem" in line]
+    assert len(lineitem) == 1 and "key sets=2" in lineitem[0], plan
+    scanned, sent = _embedded_lineitem_rows(tpch_warehouse, STACKED_KEY_SETS_SQL, tmp_path, "--threads", "2", "--star-join", "off")
+    assert 0 < sent and sent * 5 < scanned, (scanned, sent)
+
+
 def test_auto_counts_the_pages_a_sparse_gather_touches(tmp_path):
     """A whole-row selection of 0.1% from a 64-column table with compressed pages, on a node with
     the Smart SSD's slow CPU (compute slowdown 12): 20 rows of each 20K-row page pass, so every

@@ -40,20 +40,33 @@ use crate::scan::FragmentExec;
 
 /// Where a join's key set is published for the fragment on its probe side: unset until the
 /// build side ends; `None` if the keys did not make a set (too many, too wide, or no memory).
+/// The keys are kept as collected; the sorted set (which travels to a node) and the bitmap
+/// (which the host tests) are each made once, when first asked for: sorting TPC-H Q09's 15M
+/// order keys took longer than the bitmap the host needs.
 #[derive(Debug, Default)]
 pub struct KeySetSlot {
+    keys: OnceLock<Option<Vec<i64>>>,
     set: OnceLock<Option<Arc<KeySet>>>,
+    bitmap: OnceLock<Option<Arc<key_set::Bitmap>>>,
 }
 
 impl KeySetSlot {
-    /// The published set, if there is one yet.
+    /// The published set, sorted, if there is one yet.
     pub fn get(&self) -> Option<Arc<KeySet>> {
-        self.set.get().cloned().flatten()
+        let keys = self.keys.get()?.as_ref()?;
+        self.set.get_or_init(|| KeySet::new(keys.clone()).map(Arc::new)).clone()
     }
 
-    fn publish(&self, set: Option<KeySet>) {
+    /// The published keys as a bitmap, if there are keys yet and they span at most
+    /// [`key_set::MAX_RANGE`] values.
+    pub fn bitmap(&self) -> Option<Arc<key_set::Bitmap>> {
+        let keys = self.keys.get()?.as_ref()?;
+        self.bitmap.get_or_init(|| key_set::Bitmap::of_unsorted(keys).map(Arc::new)).clone()
+    }
+
+    fn publish(&self, keys: Option<Vec<i64>>) {
         // A second execution of the build side publishes the same keys.
-        let _ = self.set.set(set.map(Arc::new));
+        let _ = self.keys.set(keys);
     }
 }
 
@@ -125,6 +138,20 @@ fn attach(plan: &Arc<dyn ExecutionPlan>, column: usize, slot: &Arc<KeySetSlot>) 
             None => column,
         };
         return below(filter.input(), column);
+    }
+    // Through the probe side of an inner join below: each of its output rows comes from one
+    // probe row with the same key, so a probe row the set drops only loses rows the join
+    // above would drop (TPC-H Q05: orders' keys reach lineitem under the supplier join).
+    if let Some(join) = plan.downcast_ref::<HashJoinExec>()
+        && matches!(join.join_type(), JoinType::Inner | JoinType::RightSemi)
+    {
+        let joined = join.projection.as_ref().map_or(column, |p| p[column]);
+        let left_columns = if *join.join_type() == JoinType::Inner { join.left().schema().fields().len() } else { 0 };
+        let Some(right_column) = joined.checked_sub(left_columns) else { return Ok(None) };
+        return Ok(match attach(join.right(), right_column, slot)? {
+            Some(right) => Some(replace_children_if_necessary(Arc::clone(plan), vec![Arc::clone(join.left()), right])?),
+            None => None,
+        });
     }
     let passes_rows = plan.is::<RepartitionExec>() || plan.is::<CoalescePartitionsExec>();
     match plan.children().as_slice() {
@@ -237,9 +264,9 @@ impl CollectStream {
     }
 
     fn publish(&mut self) {
-        let set = self.keys.take().and_then(KeySet::new);
-        self.published_keys.add(set.as_ref().map_or(0, |s| s.keys().len()));
-        self.slot.publish(set);
+        let keys = self.keys.take();
+        self.published_keys.add(keys.as_ref().map_or(0, Vec::len));
+        self.slot.publish(keys);
         self.reservation.free();
     }
 }
@@ -271,5 +298,129 @@ impl Stream for CollectStream {
 impl RecordBatchStream for CollectStream {
     fn schema(&self) -> SchemaRef {
         self.input.schema()
+    }
+}
+
+/// Key sets tested on the host, on the batches of a fragment whose node runs in this process
+/// (see [`FragmentExec::with_key_set`]): each drops the rows whose key is not in its join's
+/// build side before the probe, where a bitmap test costs less than a hash table lookup.
+/// A set that keeps most rows only costs its tests, so after [`HostKeyFilter::SAMPLE_ROWS`]
+/// rows the filter stops if it kept more than [`HostKeyFilter::KEEP_SHARE_MAX`] of them.
+pub struct HostKeyFilter {
+    /// Output column index and the bitmap of its key set.
+    tests: Vec<(usize, Arc<key_set::Bitmap>)>,
+    seen: usize,
+    kept: usize,
+    dropped: Count,
+}
+
+impl HostKeyFilter {
+    /// Rows seen before the filter judges its worth.
+    pub const SAMPLE_ROWS: usize = 1 << 20;
+    /// Share of rows kept above which the filter stops testing.
+    pub const KEEP_SHARE_MAX: f64 = 0.5;
+
+    /// The filter of the published sets among `key_sets` over batches of `schema`, counting
+    /// the rows it drops in `dropped`; `None` if no set is published.
+    pub fn new(key_sets: &[(Arc<KeySetSlot>, String)], schema: &SchemaRef, dropped: Count) -> Result<Option<Self>> {
+        let mut tests = Vec::new();
+        for (slot, column) in key_sets {
+            if let Some(bitmap) = slot.bitmap() {
+                tests.push((schema.index_of(column)?, bitmap));
+            }
+        }
+        Ok((!tests.is_empty()).then_some(HostKeyFilter { tests, seen: 0, kept: 0, dropped }))
+    }
+
+    fn filter(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
+        let testing = self.seen < Self::SAMPLE_ROWS || (self.kept as f64) <= Self::KEEP_SHARE_MAX * self.seen as f64;
+        if !testing || batch.num_rows() == 0 {
+            return Ok(batch);
+        }
+        let mut keep: Option<arrow::array::BooleanArray> = None;
+        for (column, bitmap) in &self.tests {
+            let passed = bitmap.contains_array(batch.column(*column))?;
+            keep = Some(match keep {
+                Some(keep) => arrow::compute::and(&keep, &passed)?,
+                None => passed,
+            });
+        }
+        let keep = keep.expect("at least one key set");
+        let kept = keep.true_count();
+        self.seen += batch.num_rows();
+        self.kept += kept;
+        self.dropped.add(batch.num_rows() - kept);
+        Ok(if kept == batch.num_rows() { batch } else { arrow::compute::filter_record_batch(&batch, &keep)? })
+    }
+
+    /// `stream` with its batches filtered.
+    pub fn apply(mut self, stream: quarry_storage::ScanStream) -> quarry_storage::ScanStream {
+        stream
+            .map(move |message| match message {
+                Ok(quarry_storage::ScanMessage::Batch(batch)) => self.filter(batch).map(quarry_storage::ScanMessage::Batch),
+                other => other,
+            })
+            .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{Field, Schema};
+
+    fn published(keys: Vec<i64>) -> Arc<KeySetSlot> {
+        let slot = Arc::new(KeySetSlot::default());
+        slot.publish(Some(keys));
+        slot
+    }
+
+    /// A batch of `rows` rows with keys `start`, `start + 1`, ...
+    fn batch(schema: &SchemaRef, start: i64, rows: i64) -> RecordBatch {
+        RecordBatch::try_new(Arc::clone(schema), vec![Arc::new(Int64Array::from_iter_values(start..start + rows))]).unwrap()
+    }
+
+    /// A selective set filters every batch; one that keeps most rows stops after the sample.
+    #[test]
+    fn host_filter_drops_rows_without_a_key_and_stops_when_it_keeps_most() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let rows = 1 << 16;
+        let batches = (2 * HostKeyFilter::SAMPLE_ROWS as i64) / rows;
+        for every in [10, 2, 1] {
+            // Keys 0, every, 2 * every, ... : one row in `every` has a key.
+            let slot = published((0..2 * HostKeyFilter::SAMPLE_ROWS as i64).step_by(every).collect());
+            let dropped = Count::new();
+            let mut filter = HostKeyFilter::new(&[(Arc::clone(&slot), "k".into())], &schema, dropped.clone()).unwrap().unwrap();
+            let mut last_kept = 0;
+            for i in 0..batches {
+                let out = filter.filter(batch(&schema, i * rows, rows)).unwrap();
+                let keys = out.column(0).as_primitive::<Int64Type>();
+                assert!(keys.values().iter().all(|k| k % every as i64 == 0), "a row without a key passed");
+                last_kept = out.num_rows();
+            }
+            assert!(last_kept.abs_diff(rows as usize / every) <= 1, "every={every}: kept {last_kept} of the last batch");
+            assert_eq!(dropped.value() > 0, every > 1);
+        }
+        // Keeping 60%: tested over the sample, then passed through untested.
+        let keys: Vec<i64> = (0..2 * HostKeyFilter::SAMPLE_ROWS as i64).filter(|k| k % 5 < 3).collect();
+        let dropped = Count::new();
+        let mut filter = HostKeyFilter::new(&[(published(keys), "k".into())], &schema, dropped.clone()).unwrap().unwrap();
+        let kept: Vec<usize> = (0..batches).map(|i| filter.filter(batch(&schema, i * rows, rows)).unwrap().num_rows()).collect();
+        assert!(kept[0] < rows as usize && kept[batches as usize - 1] == rows as usize, "{kept:?}");
+        assert!(dropped.value() <= HostKeyFilter::SAMPLE_ROWS, "{}", dropped.value());
+    }
+
+    #[test]
+    fn no_filter_until_a_set_is_published_or_when_none_is() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let unpublished = Arc::new(KeySetSlot::default());
+        assert!(HostKeyFilter::new(&[(Arc::clone(&unpublished), "k".into())], &schema, Count::new()).unwrap().is_none());
+        assert!(unpublished.get().is_none() && unpublished.bitmap().is_none());
+        unpublished.publish(None);
+        assert!(HostKeyFilter::new(&[(unpublished, "k".into())], &schema, Count::new()).unwrap().is_none());
+        // Keys spanning more than a bitmap covers make no bitmap (and no host filter).
+        let wide = published(vec![0, key_set::MAX_RANGE as i64 + 1]);
+        assert!(wide.bitmap().is_none());
     }
 }

@@ -38,7 +38,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::{LinkCodec, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
-use crate::key_set_filter::KeySetSlot;
+use crate::key_set_filter::{HostKeyFilter, KeySetSlot};
 use crate::placement::Placement;
 use crate::stored_scan::stored_scan;
 
@@ -67,6 +67,8 @@ pub mod metric {
     /// Host time spent receiving the fragment's output: decoding the stored bytes of a
     /// passthrough read, or the batches (and their link compression) a node sent, nanoseconds.
     pub const HOST_RECEIVE_NS: &str = "host_receive_ns";
+    /// Rows the host dropped by a key set from an in-process node's output.
+    pub const KEY_SET_DROPPED_ROWS: &str = "key_set_dropped_rows";
 }
 
 /// The values of one column in one partition of a fragment: their bounds (NULLs aside), and
@@ -242,12 +244,13 @@ impl FragmentExec {
     }
 
     /// The same fragment, its output column `column` filtered by the key set `slot` will hold;
-    /// `None` if it takes no join filters (`--pushdown off`) or all its nodes are in-process.
-    /// An embedded node shares the host's cores and sends no bytes, and the filter only moves
-    /// work: over TPC-H's Snappy pages the node's page selection costs what the host's decode
-    /// and probe did (SF 10, Q03/Q05/Q10 2-5% slower with it).
+    /// `None` if it takes no join filters (`--pushdown off`). A node across a link tests it
+    /// before it decodes a row's other columns; for an in-process node the host tests it on
+    /// the decoded batches ([`HostKeyFilter`]): over TPC-H's Snappy pages the node's page
+    /// selection cost what the host's decode and probe did (SF 10, Q03/Q05/Q10 2-5% slower),
+    /// while a bitmap test before the hash join's probe is cheaper than the probe.
     pub fn with_key_set(&self, slot: Arc<KeySetSlot>, column: String) -> Result<Option<Self>> {
-        if !self.accepts_join_filters || self.partitions.iter().all(|p| p.node.in_process()) {
+        if !self.accepts_join_filters {
             return Ok(None);
         }
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
@@ -465,6 +468,8 @@ impl ExecutionPlan for FragmentExec {
             spilled_bytes: counter(metric::SPILLED_BYTES),
         };
         let node = Arc::clone(&part.node);
+        let (key_sets, host_key_sets) = if node.in_process() { (Vec::new(), key_sets) } else { (key_sets, Vec::new()) };
+        let host_dropped = counter(metric::KEY_SET_DROPPED_ROWS);
         let schema = self.schema();
         let checker = ResponseChecker {
             node_name: node.name().to_string(),
@@ -491,16 +496,21 @@ impl ExecutionPlan for FragmentExec {
             // complete only once the join has built its hash table, which it does before it
             // polls this side.
             let fragment = with_join_filters(bound, &join_filters, &key_sets)?;
-            match stored {
+            let host_filter = HostKeyFilter::new(&host_key_sets, &stored_schema, host_dropped)?;
+            let stream = match stored {
                 Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
-                    stored_scan(node, &leaf, &segments, stored_schema, predicate, context)
+                    stored_scan(node, &leaf, &segments, stored_schema, predicate, context)?
                 }
                 _ => {
                     let mut encoded = encode_fragment(fragment)?;
                     encoded.link_codec = link_codec;
-                    node.execute(encoded).await
+                    node.execute(encoded).await?
                 }
-            }
+            };
+            Ok::<_, DataFusionError>(match host_filter {
+                Some(filter) => filter.apply(stream),
+                None => stream,
+            })
         })
         .try_flatten()
         .boxed();

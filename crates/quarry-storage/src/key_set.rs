@@ -126,12 +126,21 @@ impl KeySet {
 
     /// Per row of `array` (a column of a type [`supports`] accepts), whether its value is a key; NULL is none.
     pub fn contains_array(&self, array: &ArrayRef) -> Result<BooleanArray> {
-        let bitmap = Bitmap::of(&self.keys);
-        let test = |values: &mut dyn Iterator<Item = i64>| BooleanBuffer::collect_bool(array.len(), |_| values.next().is_some_and(|v| bitmap.contains(v)));
+        Bitmap::of(&self.keys).contains_array(array)
+    }
+}
+
+impl Bitmap {
+    /// Per row of `array` (a column of a type [`supports`] accepts), whether its value is a key; NULL is none.
+    pub fn contains_array(&self, array: &ArrayRef) -> Result<BooleanArray> {
+        // One loop per type, each over a slice: this runs on every probe row in process.
+        fn test<T: Copy + Into<i64>>(bitmap: &Bitmap, values: &[T]) -> BooleanBuffer {
+            BooleanBuffer::collect_bool(values.len(), |i| bitmap.contains(values[i].into()))
+        }
         let buffer = match array.data_type() {
-            DataType::Int32 => test(&mut array.as_primitive::<Int32Type>().values().iter().map(|&v| v as i64)),
-            DataType::Date32 => test(&mut array.as_primitive::<Date32Type>().values().iter().map(|&v| v as i64)),
-            DataType::Int64 => test(&mut array.as_primitive::<Int64Type>().values().iter().copied()),
+            DataType::Int32 => test(self, array.as_primitive::<Int32Type>().values()),
+            DataType::Date32 => test(self, array.as_primitive::<Date32Type>().values()),
+            DataType::Int64 => test(self, array.as_primitive::<Int64Type>().values()),
             other => return plan_err!("key set over a column of type {other}"),
         };
         let passed = match array.nulls() {
@@ -152,8 +161,21 @@ pub struct Bitmap {
 impl Bitmap {
     /// The bitmap of sorted `keys` spanning at most [`MAX_RANGE`] values.
     pub fn of(keys: &[i64]) -> Bitmap {
-        let min = keys.first().copied().unwrap_or(0);
-        let span = keys.last().map_or(0, |max| max.abs_diff(min));
+        Self::within(keys, keys.first().copied(), keys.last().copied())
+    }
+
+    /// The bitmap of `keys` in any order, repeats allowed; `None` if they span more than
+    /// [`MAX_RANGE`] values.
+    pub fn of_unsorted(keys: &[i64]) -> Option<Bitmap> {
+        let (min, max) = (keys.iter().min().copied(), keys.iter().max().copied());
+        let span = min.zip(max).map_or(0, |(min, max)| max.abs_diff(min));
+        (span < MAX_RANGE).then(|| Self::within(keys, min, max))
+    }
+
+    /// The bitmap of `keys`, which lie in `[min, max]`.
+    fn within(keys: &[i64], min: Option<i64>, max: Option<i64>) -> Bitmap {
+        let min = min.unwrap_or(0);
+        let span = max.map_or(0, |max| max.abs_diff(min));
         debug_assert!(span < MAX_RANGE, "a key set spans at most MAX_RANGE values");
         let mut words = vec![0u64; keys.len().min(1) * ((span >> 6) as usize + 1)];
         for &key in keys {
