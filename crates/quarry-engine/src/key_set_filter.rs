@@ -21,7 +21,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{JoinType, NullEquality, Result};
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -312,6 +312,8 @@ pub struct HostKeyFilter {
     seen: usize,
     kept: usize,
     dropped: Count,
+    /// The bitmaps' bytes, reserved from the query's pool while the filter lives.
+    _reservation: MemoryReservation,
 }
 
 impl HostKeyFilter {
@@ -321,15 +323,20 @@ impl HostKeyFilter {
     pub const KEEP_SHARE_MAX: f64 = 0.5;
 
     /// The filter of the published sets among `key_sets` over batches of `schema`, counting
-    /// the rows it drops in `dropped`; `None` if no set is published.
-    pub fn new(key_sets: &[(Arc<KeySetSlot>, String)], schema: &SchemaRef, dropped: Count) -> Result<Option<Self>> {
+    /// the rows it drops in `dropped`; `None` if no set is published, or if `pool` refuses
+    /// the bitmaps' memory (each partition reserves what it reads, though they share them).
+    pub fn new(key_sets: &[(Arc<KeySetSlot>, String)], schema: &SchemaRef, dropped: Count, pool: &Arc<dyn MemoryPool>) -> Result<Option<Self>> {
         let mut tests = Vec::new();
         for (slot, column) in key_sets {
             if let Some(bitmap) = slot.bitmap() {
                 tests.push((schema.index_of(column)?, bitmap));
             }
         }
-        Ok((!tests.is_empty()).then_some(HostKeyFilter { tests, seen: 0, kept: 0, dropped }))
+        let reservation = MemoryConsumer::new("HostKeyFilter").register(pool);
+        if tests.is_empty() || reservation.try_grow(tests.iter().map(|(_, b)| b.bytes()).sum()).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(HostKeyFilter { tests, seen: 0, kept: 0, dropped, _reservation: reservation }))
     }
 
     fn filter(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
@@ -369,6 +376,11 @@ mod tests {
     use super::*;
     use arrow::array::Int64Array;
     use arrow::datatypes::{Field, Schema};
+    use datafusion::execution::memory_pool::GreedyMemoryPool;
+
+    fn pool() -> Arc<dyn MemoryPool> {
+        Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default())
+    }
 
     fn published(keys: Vec<i64>) -> Arc<KeySetSlot> {
         let slot = Arc::new(KeySetSlot::default());
@@ -391,7 +403,7 @@ mod tests {
             // Keys 0, every, 2 * every, ... : one row in `every` has a key.
             let slot = published((0..2 * HostKeyFilter::SAMPLE_ROWS as i64).step_by(every).collect());
             let dropped = Count::new();
-            let mut filter = HostKeyFilter::new(&[(Arc::clone(&slot), "k".into())], &schema, dropped.clone()).unwrap().unwrap();
+            let mut filter = HostKeyFilter::new(&[(Arc::clone(&slot), "k".into())], &schema, dropped.clone(), &pool()).unwrap().unwrap();
             let mut last_kept = 0;
             for i in 0..batches {
                 let out = filter.filter(batch(&schema, i * rows, rows)).unwrap();
@@ -405,7 +417,7 @@ mod tests {
         // Keeping 60%: tested over the sample, then passed through untested.
         let keys: Vec<i64> = (0..2 * HostKeyFilter::SAMPLE_ROWS as i64).filter(|k| k % 5 < 3).collect();
         let dropped = Count::new();
-        let mut filter = HostKeyFilter::new(&[(published(keys), "k".into())], &schema, dropped.clone()).unwrap().unwrap();
+        let mut filter = HostKeyFilter::new(&[(published(keys), "k".into())], &schema, dropped.clone(), &pool()).unwrap().unwrap();
         let kept: Vec<usize> = (0..batches).map(|i| filter.filter(batch(&schema, i * rows, rows)).unwrap().num_rows()).collect();
         assert!(kept[0] < rows as usize && kept[batches as usize - 1] == rows as usize, "{kept:?}");
         assert!(dropped.value() <= HostKeyFilter::SAMPLE_ROWS, "{}", dropped.value());
@@ -415,12 +427,29 @@ mod tests {
     fn no_filter_until_a_set_is_published_or_when_none_is() {
         let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
         let unpublished = Arc::new(KeySetSlot::default());
-        assert!(HostKeyFilter::new(&[(Arc::clone(&unpublished), "k".into())], &schema, Count::new()).unwrap().is_none());
+        assert!(HostKeyFilter::new(&[(Arc::clone(&unpublished), "k".into())], &schema, Count::new(), &pool()).unwrap().is_none());
         assert!(unpublished.get().is_none() && unpublished.bitmap().is_none());
         unpublished.publish(None);
-        assert!(HostKeyFilter::new(&[(unpublished, "k".into())], &schema, Count::new()).unwrap().is_none());
+        assert!(HostKeyFilter::new(&[(unpublished, "k".into())], &schema, Count::new(), &pool()).unwrap().is_none());
         // Keys spanning more than a bitmap covers make no bitmap (and no host filter).
         let wide = published(vec![0, key_set::MAX_RANGE as i64 + 1]);
         assert!(wide.bitmap().is_none());
+    }
+
+    /// The bitmaps' memory comes from the query's pool: a pool too small for them gets no
+    /// filter (the join still drops the rows), and the reservation ends with the filter.
+    #[test]
+    fn host_filter_reserves_its_bitmaps() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let slot = published((0..1 << 20).step_by(3).collect());
+        let bytes = slot.bitmap().unwrap().bytes();
+        let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes - 1));
+        assert!(HostKeyFilter::new(&[(Arc::clone(&slot), "k".into())], &schema, Count::new(), &small).unwrap().is_none());
+        let enough: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes));
+        let filter = HostKeyFilter::new(&[(slot, "k".into())], &schema, Count::new(), &enough).unwrap();
+        assert!(filter.is_some());
+        assert_eq!(enough.reserved(), bytes);
+        drop(filter);
+        assert_eq!(enough.reserved(), 0);
     }
 }

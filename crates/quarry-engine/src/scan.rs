@@ -470,6 +470,7 @@ impl ExecutionPlan for FragmentExec {
         let node = Arc::clone(&part.node);
         let (key_sets, host_key_sets) = if node.in_process() { (Vec::new(), key_sets) } else { (key_sets, Vec::new()) };
         let host_dropped = counter(metric::KEY_SET_DROPPED_ROWS);
+        let pool = Arc::clone(context.memory_pool());
         let schema = self.schema();
         let checker = ResponseChecker {
             node_name: node.name().to_string(),
@@ -496,7 +497,7 @@ impl ExecutionPlan for FragmentExec {
             // complete only once the join has built its hash table, which it does before it
             // polls this side.
             let fragment = with_join_filters(bound, &join_filters, &key_sets)?;
-            let host_filter = HostKeyFilter::new(&host_key_sets, &stored_schema, host_dropped)?;
+            let host_filter = HostKeyFilter::new(&host_key_sets, &stored_schema, host_dropped, &pool)?;
             let stream = match stored {
                 Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
                     stored_scan(node, &leaf, &segments, stored_schema, predicate, context)?

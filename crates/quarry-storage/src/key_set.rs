@@ -185,6 +185,11 @@ impl Bitmap {
         Bitmap { min, words: Arc::new(words) }
     }
 
+    /// Bytes the bitmap holds.
+    pub fn bytes(&self) -> usize {
+        self.words.len() * size_of::<u64>()
+    }
+
     #[inline]
     pub fn contains(&self, value: i64) -> bool {
         // Below `min` the wrapped offset is beyond the bitmap.
