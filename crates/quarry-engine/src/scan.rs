@@ -75,8 +75,11 @@ pub mod metric {
 /// whether the partition's rows arrive in ascending order of them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyRange {
+    /// The smallest value in the partition's segments.
     pub min: ScalarValue,
+    /// The largest.
     pub max: ScalarValue,
+    /// Each segment ascends in the column, and each starts at or above the previous one's end.
     pub ascending: bool,
 }
 
