@@ -267,7 +267,7 @@ fn number_by_rows(grouped: &[ArrayRef]) -> Result<(Vec<u32>, Vec<u32>)> {
 /// The code of each key, numbering distinct keys in first-seen order, and the first position
 /// of each code.
 fn number_first_seen<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> (Vec<u32>, Vec<u32>) {
-    let mut seen: HashMap<K, u32> = HashMap::new();
+    let mut seen: HashMap<K, u32> = HashMap::with_capacity(keys.size_hint().0);
     let mut representatives = Vec::new();
     let codes = keys
         .enumerate()
