@@ -145,6 +145,10 @@ EDGE_QUERIES = [
     "and exists (select 1 from fact g where g.a = f.a and g.id <> f.id)",
     "select f.id, da.name from fact f, dim_a da, dim_b db where f.a = da.a and f.b = db.b and da.region = 'x' "
     "and not exists (select 1 from fact g where g.a = f.a and g.id <> f.id and g.amount > 4)",
+    # uncorrelated scalar subqueries over joins, ordered on their own (TPC-H Q11's shape)
+    "select f.id, f.amount from fact f where f.amount > (select avg(g.amount) from dim_b db, dim_a da, fact g "
+    "where g.a = da.a and g.b = db.b and da.region = 'x')",
+    "select f.id, (select count(*) from empty e, dim_a da, fact g where e.a = da.a and g.a = da.a) as n from fact f",
 ]
 
 
@@ -169,6 +173,25 @@ def test_large_semi_join_waits_for_the_joins_that_shrink_its_side(tpch_warehouse
     assert len(joins) == 5, joins
     assert all(re.search(r"join_type=(Left|Right)(Semi|Anti)", j) for j in joins[:2]), joins
     assert all("join_type=Inner" in j for j in joins[2:]), joins
+
+
+def test_joins_inside_an_uncorrelated_scalar_subquery_are_ordered(tpch_warehouse):
+    """TPC-H Q11 compares each part's stock value with a scalar subquery over partsupp,
+    supplier and nation, which DataFusion runs as an expression rather than a join. Its joins
+    are ordered as the outer query's are: the plan is the same whichever order the subquery's
+    FROM list names its tables in, and the join with the filtered `nation` comes first (the
+    innermost of the subquery's joins), not after 8M `partsupp` rows met all suppliers."""
+    path = next(p for p in q.query_files("tpch") if p.stem == "q11")
+    sql = " ".join(q.strip_sql_comments(path.read_text(encoding="utf-8")).split()).rstrip(";")
+    written = "from partsupp, supplier, nation where ps_suppkey = s_suppkey and s_nationkey = n_nationkey and n_name = 'GERMANY')"
+    assert written in sql, sql
+    reversed_sql = sql.replace(written, written.replace("from partsupp, supplier, nation", "from nation, supplier, partsupp"))
+    plan = physical_plan(tpch_warehouse, sql)
+    assert physical_plan(tpch_warehouse, reversed_sql) == plan, plan
+    subquery = plan[plan.rindex("ScalarSubqueryExec"):]
+    joins = [line for line in subquery.splitlines() if "HashJoinExec" in line]
+    assert len(joins) == 2, subquery
+    assert "n_nationkey" in joins[-1] and "s_nationkey" in joins[-1], subquery
 
 
 def _build_side_tables():

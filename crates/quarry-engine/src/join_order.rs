@@ -48,9 +48,28 @@ impl OptimizerRule for JoinOrderRule {
     }
 
     fn rewrite(&self, plan: LogicalPlan, _config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
-        let rewritten = rewrite(plan.clone(), None)?;
+        let rewritten = order_joins(plan.clone())?;
         Ok(if rewritten == plan { Transformed::no(plan) } else { Transformed::yes(rewritten) })
     }
+}
+
+/// `plan` with its join regions reordered, and those of the uncorrelated subqueries in its
+/// expressions. DataFusion runs an uncorrelated scalar subquery as an expression
+/// (`ScalarSubqueryExec`), not as a join, so the walk over the plan's children does not reach
+/// it: TPC-H Q11's subquery probed all 8M `partsupp` rows through the join with all 100K
+/// suppliers before the one that keeps a nation's 4K.
+fn order_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let plan = rewrite(plan, None)?;
+    let ordered = plan.transform_up(|node| {
+        node.map_subqueries(|subquery| match subquery {
+            LogicalPlan::Subquery(mut subquery) if subquery.outer_ref_columns.is_empty() => {
+                subquery.subquery = Arc::new(order_joins(subquery.subquery.as_ref().clone())?);
+                Ok(Transformed::yes(LogicalPlan::Subquery(subquery)))
+            }
+            other => Ok(Transformed::no(other)),
+        })
+    })?;
+    Ok(ordered.data)
 }
 
 /// `plan` with its join regions reordered. `wanted`: the columns the consumer of `plan` reads,
