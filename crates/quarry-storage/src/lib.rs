@@ -13,6 +13,7 @@ pub mod grace_join;
 pub mod graph_job;
 pub mod key_set;
 pub mod local;
+pub mod local_files;
 pub mod page_reader;
 pub mod page_select;
 pub mod plain_select;

@@ -157,7 +157,7 @@ impl LocalStorageNode {
         options.execution.parquet.pushdown_filters = false;
         options.execution.collect_statistics = false;
         let runtime = RuntimeEnvBuilder::new().with_memory_limit(memory as usize, 1.0).build_arc()?;
-        let local = runtime.object_store(ObjectStoreUrl::local_filesystem())?;
+        let local = Arc::new(object_store::local::LocalFileSystem::new());
         let read_limit = profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
         let store = Arc::new(ThrottledStore::new(local, read_limit));
         let verified = Arc::new(VerifiedStore::new(Arc::clone(&store) as _));

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::error::{DataFusionError, Result};
 use futures::stream::BoxStream;
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions,
@@ -313,7 +314,7 @@ impl BandwidthLimiter {
 /// read until the device's internal bandwidth could have delivered it.
 #[derive(Debug)]
 pub struct ThrottledStore {
-    inner: Arc<dyn ObjectStore>,
+    inner: Arc<LocalFileSystem>,
     limiter: Option<Arc<BandwidthLimiter>>,
     bytes_read: AtomicU64,
     trace: std::sync::OnceLock<IoTrace>,
@@ -339,8 +340,8 @@ impl IoTrace {
 }
 
 impl ThrottledStore {
-    /// Wraps `inner`; `limiter` bounds its read bandwidth.
-    pub fn new(inner: Arc<dyn ObjectStore>, limiter: Option<Arc<BandwidthLimiter>>) -> Self {
+    /// Reads `inner`'s files; `limiter` bounds its read bandwidth.
+    pub fn new(inner: Arc<LocalFileSystem>, limiter: Option<Arc<BandwidthLimiter>>) -> Self {
         ThrottledStore { inner, limiter, bytes_read: AtomicU64::new(0), trace: std::sync::OnceLock::new() }
     }
 
@@ -382,7 +383,7 @@ impl ObjectStore for ThrottledStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
         let head = options.head;
-        let result = self.inner.get_opts(location, options).await?;
+        let result = crate::local_files::get_opts(&self.inner, location, options).await?;
         if !head {
             if let Some(trace) = self.trace.get() {
                 trace.record(location, &result.range);
@@ -393,7 +394,7 @@ impl ObjectStore for ThrottledStore {
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
-        let result = self.inner.get_ranges(location, ranges).await?;
+        let result = crate::local_files::get_ranges(&self.inner, location, ranges).await?;
         if let Some(trace) = self.trace.get() {
             ranges.iter().for_each(|range| trace.record(location, range));
         }
