@@ -300,8 +300,11 @@ fn number_by_determining_column(grouped: &[ArrayRef]) -> Result<Option<(Vec<u32>
         _ => number_first_seen(column.as_primitive::<Int64Type>().values().iter()),
     };
     for other in grouped.iter().enumerate().filter(|(c, _)| *c != candidate).map(|(_, other)| other) {
-        // Equal as grouping sees it: NULL equals NULL, floats by their total order.
-        let compare = arrow::array::make_comparator(other.as_ref(), other.as_ref(), arrow::compute::SortOptions::default())?;
+        // Equal as grouping sees it: NULL equals NULL, floats by their total order. A type
+        // arrow cannot compare is left to the row encoding.
+        let Ok(compare) = arrow::array::make_comparator(other.as_ref(), other.as_ref(), arrow::compute::SortOptions::default()) else {
+            return Ok(None);
+        };
         if codes.iter().enumerate().any(|(row, code)| compare(row, representatives[*code as usize] as usize).is_ne()) {
             return Ok(None);
         }
