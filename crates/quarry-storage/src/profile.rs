@@ -310,8 +310,9 @@ impl BandwidthLimiter {
     }
 }
 
-/// An object store that counts the bytes read through it and, under a read budget, holds each
-/// read until the device's internal bandwidth could have delivered it.
+/// The node's object store over its local files (read by `local_files`): it counts the bytes
+/// read and, under a read budget, holds each read until the device's internal bandwidth could
+/// have delivered it.
 #[derive(Debug)]
 pub struct ThrottledStore {
     inner: Arc<LocalFileSystem>,
