@@ -251,7 +251,7 @@ fn number_groups(grouped: &[ArrayRef], rows: usize) -> Result<(Vec<u32>, Vec<u32
     if grouped.is_empty() {
         return Ok((vec![0u32; rows], vec![0u32]));
     }
-    match number_by_determining_column(grouped)? {
+    match number_by_determining_column(grouped) {
         Some(numbered) => Ok(numbered),
         None => number_by_rows(grouped),
     }
@@ -288,28 +288,24 @@ fn number_first_seen<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> 
 /// holds in these rows whatever the schema declares. It spares encoding and hashing long
 /// strings, which took a third of Q10's dimension build on one thread. `None` where no integer
 /// column without NULLs determines the others.
-fn number_by_determining_column(grouped: &[ArrayRef]) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+fn number_by_determining_column(grouped: &[ArrayRef]) -> Option<(Vec<u32>, Vec<u32>)> {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{DataType, Int32Type, Int64Type};
-    let Some(candidate) = grouped.iter().position(|a| matches!(a.data_type(), DataType::Int32 | DataType::Int64) && a.null_count() == 0) else {
-        return Ok(None);
-    };
+    let candidate = grouped.iter().position(|a| matches!(a.data_type(), DataType::Int32 | DataType::Int64) && a.null_count() == 0)?;
     let column = &grouped[candidate];
     let (codes, representatives) = match column.data_type() {
         DataType::Int32 => number_first_seen(column.as_primitive::<Int32Type>().values().iter()),
         _ => number_first_seen(column.as_primitive::<Int64Type>().values().iter()),
     };
-    for other in grouped.iter().enumerate().filter(|(c, _)| *c != candidate).map(|(_, other)| other) {
+    for other in grouped.iter().enumerate().filter_map(|(c, other)| (c != candidate).then_some(other)) {
         // Equal as grouping sees it: NULL equals NULL, floats by their total order. A type
         // arrow cannot compare is left to the row encoding.
-        let Ok(compare) = arrow::array::make_comparator(other.as_ref(), other.as_ref(), arrow::compute::SortOptions::default()) else {
-            return Ok(None);
-        };
+        let compare = arrow::array::make_comparator(other.as_ref(), other.as_ref(), arrow::compute::SortOptions::default()).ok()?;
         if codes.iter().enumerate().any(|(row, code)| compare(row, representatives[*code as usize] as usize).is_ne()) {
-            return Ok(None);
+            return None;
         }
     }
-    Ok(Some((codes, representatives)))
+    Some((codes, representatives))
 }
 
 #[cfg(test)]
@@ -333,7 +329,7 @@ mod tests {
         ];
         for grouped in &determined {
             let rows = grouped[0].len();
-            let by_column = number_by_determining_column(grouped).unwrap();
+            let by_column = number_by_determining_column(grouped);
             assert!(by_column.is_some(), "{grouped:?}");
             assert_eq!(by_column.unwrap(), number_by_rows(grouped).unwrap(), "{grouped:?}");
             assert_eq!(number_groups(grouped, rows).unwrap(), number_by_rows(grouped).unwrap());
@@ -346,7 +342,7 @@ mod tests {
         ];
         for grouped in &not_determined {
             let rows = grouped[0].len();
-            assert!(number_by_determining_column(grouped).unwrap().is_none(), "{grouped:?}");
+            assert!(number_by_determining_column(grouped).is_none(), "{grouped:?}");
             assert_eq!(number_groups(grouped, rows).unwrap(), number_by_rows(grouped).unwrap());
         }
         let (codes, representatives) = number_groups(&not_determined[0], 3).unwrap();

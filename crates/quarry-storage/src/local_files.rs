@@ -16,36 +16,34 @@ use object_store::path::Path;
 use object_store::{GetOptions, GetResult, GetResultPayload, ObjectStore};
 
 /// `range` of `file`, read into a buffer that is not initialized first (`read_to_end` hands the
-/// kernel the vector's spare capacity); shorter where the file ends first.
+/// kernel the vector's spare capacity); an error, as `LocalFileSystem` gives, where the file
+/// ends first.
 fn read_range(mut file: &File, path: &FsPath, range: Range<u64>) -> object_store::Result<Bytes> {
     let failed = |source: std::io::Error| object_store::Error::Generic { store: "local files", source: format!("reading {}: {source}", path.display()).into() };
-    let mut buffer = Vec::with_capacity((range.end - range.start) as usize);
+    let wanted = range.end - range.start;
+    let mut buffer = Vec::with_capacity(wanted as usize);
     file.seek(SeekFrom::Start(range.start)).map_err(failed)?;
-    file.take(range.end - range.start).read_to_end(&mut buffer).map_err(failed)?;
-    Ok(buffer.into())
-}
-
-/// A read that came back short: the error `LocalFileSystem` gives for it.
-fn check_length(data: Bytes, range: &Range<u64>, path: &FsPath) -> object_store::Result<Bytes> {
-    if data.len() as u64 == range.end - range.start {
-        return Ok(data);
+    file.take(wanted).read_to_end(&mut buffer).map_err(failed)?;
+    if buffer.len() as u64 != wanted {
+        let reason = format!("{}: asked for bytes {}..{}, the file ends at byte {}", path.display(), range.start, range.end, range.start + buffer.len() as u64);
+        return Err(object_store::Error::Generic { store: "local files", source: reason.into() });
     }
-    let reason = format!("{}: asked for bytes {}..{}, the file ends at byte {}", path.display(), range.start, range.end, range.start + data.len() as u64);
-    Err(object_store::Error::Generic { store: "local files", source: reason.into() })
+    Ok(buffer.into())
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> object_store::Result<T> + Send + 'static) -> object_store::Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| object_store::Error::Generic { store: "local files", source: Box::new(e) })?
 }
 
-/// `LocalFileSystem::get_opts` (metadata, preconditions, range checks), the file read here.
+/// `LocalFileSystem::get_opts` (metadata, preconditions, range checks), a ranged read's bytes
+/// read here; a whole file is left to stream as `LocalFileSystem` streams it.
 pub async fn get_opts(files: &LocalFileSystem, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
-    let head = options.head;
+    let ranged = options.range.is_some() && !options.head;
     let GetResult { payload, meta, range, attributes } = files.get_opts(location, options).await?;
     let payload = match payload {
-        GetResultPayload::File(file, path) if !head => {
+        GetResultPayload::File(file, path) if ranged => {
             let wanted = range.clone();
-            let data = blocking(move || read_range(&file, &path, wanted.clone()).and_then(|data| check_length(data, &wanted, &path))).await?;
+            let data = blocking(move || read_range(&file, &path, wanted)).await?;
             GetResultPayload::Stream(futures::stream::once(async move { Ok(data) }).boxed())
         }
         other => other,
@@ -62,7 +60,7 @@ pub async fn get_ranges(files: &LocalFileSystem, location: &Path, ranges: &[Rang
             std::io::ErrorKind::NotFound => object_store::Error::NotFound { path: path.display().to_string(), source: Box::new(source) },
             _ => object_store::Error::Generic { store: "local files", source: format!("opening {}: {source}", path.display()).into() },
         })?;
-        ranges.into_iter().map(|range| read_range(&file, &path, range.clone()).and_then(|data| check_length(data, &range, &path))).collect()
+        ranges.into_iter().map(|range| read_range(&file, &path, range)).collect()
     })
     .await
 }
