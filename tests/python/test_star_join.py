@@ -81,7 +81,7 @@ def test_star_probe_runs_on_the_nodes(ssb1_nodes):
     urls, _ = ssb1_nodes
     sql = q.strip_sql_comments((q.REPO_ROOT / "queries" / "ssb" / "q2.1.sql").read_text(encoding="utf-8"))
     plan = explain(["--nodes", urls, "--pushdown", "on"], None, sql, analyze=True)
-    assert "storage side: [StarProbeExec" in plan, plan
+    assert "storage side: [star probe: StarProbeExec" in plan, plan
     assert plan.count("StarProbeExec on storage") >= 1, plan
 
 

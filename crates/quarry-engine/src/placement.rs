@@ -16,12 +16,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Schema};
-use datafusion::common::{JoinType, internal_err};
+use datafusion::common::internal_err;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -34,8 +33,7 @@ use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_model::energy::{DeviceWork, Energy, HostPower, Work, joules};
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
-use quarry_storage::star::StarProbeExec;
-use quarry_storage::{Calibration, LinkCodec, NodeDescription, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
+use quarry_storage::{Calibration, LinkCodec, NodeDescription, NodeOp, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
 use datafusion::physical_expr::utils::collect_columns;
 
 use crate::conjunct_order::evaluation_cost;
@@ -222,7 +220,7 @@ impl PlacementRule {
         };
         while !below.is::<FragmentExec>() {
             let [next] = below.children()[..] else { return Ok(Transformed::no(plan)) };
-            if !(below.is::<FilterExec>() || below.is::<ProjectionExec>()) || chain.len() >= MAX_CHAIN {
+            if !matches!(NodeOp::of(below.as_ref()), Some(NodeOp::Filter | NodeOp::Projection)) || chain.len() >= MAX_CHAIN {
                 return Ok(Transformed::no(plan));
             }
             let next = Arc::clone(next);
@@ -278,7 +276,7 @@ impl PlacementRule {
         let (Some(left), Some(right)) = (join.left().downcast_ref::<FragmentExec>(), join.right().downcast_ref::<FragmentExec>()) else {
             return Ok(Transformed::no(Arc::clone(plan)));
         };
-        if !matches!(join.join_type(), JoinType::Inner | JoinType::LeftSemi | JoinType::RightSemi) {
+        if NodeOp::of(plan.as_ref()) != Some(NodeOp::Join) {
             return Ok(Transformed::no(Arc::clone(plan)));
         }
         let Some(partition) = merge_on_one_node(&[left.partitions(), right.partitions()]) else {
@@ -300,7 +298,10 @@ impl PlacementRule {
     fn decide(&self, pushed: &Arc<dyn ExecutionPlan>, below: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition], chain: &[Arc<dyn ExecutionPlan>]) -> Placement {
         let on_node = self.fragment_cost(pushed, partitions);
         let base = self.fragment_cost(below, partitions);
-        let host_ns: f64 = chain.iter().map(|op| op.children().first().map_or(0.0, |input| rows(input)) * op_ns_per_row(op.as_ref(), &self.host)).sum();
+        let host_ns: f64 = chain
+            .iter()
+            .filter_map(|op| Some(op.children().first().map_or(0.0, |input| rows(input)) * op_ns_per_row(NodeOp::of(op.as_ref())?, op.as_ref(), &self.host)))
+            .sum();
         let on_host = self.priced(Prediction {
             seconds: base.seconds + host_ns / 1e9 / self.host_threads as f64,
             host_cpu_s: base.host_cpu_s + host_ns / 1e9,
@@ -411,17 +412,22 @@ impl PlacementRule {
         // and reads them back.
         let (mut op_ns, mut join_ns) = (0.0, 0.0);
         root.apply(|plan| {
-            if plan.is::<StarProbeExec>() {
+            let input_rows = || plan.children().first().map_or(0.0, |c| rows(c));
+            match NodeOp::of(plan.as_ref()) {
                 // On the node a star probe runs on the stored values as the pages are read
                 // (`StarScanExec`): the decoding is counted with the leaf, the probe is cheaper
                 // than over decoded batches.
-                op_ns += plan.children().first().map_or(0.0, |c| rows(c)) * self.host.star_scan_ns_per_row;
-            } else if let [child] = plan.children()[..] {
-                op_ns += rows(child) * op_ns_per_row(plan.as_ref(), &self.host);
-            } else if plan.children().len() == 2 {
-                let inputs = plan.children();
-                let spilled: f64 = inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum();
-                join_ns += inputs.iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row + 2.0 * spilled * self.host.spill_ns_per_byte;
+                Some(NodeOp::StarProbe) => op_ns += input_rows() * self.host.star_scan_ns_per_row,
+                Some(op @ (NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK)) => {
+                    op_ns += input_rows() * op_ns_per_row(op, plan.as_ref(), &self.host)
+                }
+                Some(NodeOp::Join) => {
+                    let inputs = plan.children();
+                    let spilled: f64 = inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum();
+                    join_ns += inputs.iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row + 2.0 * spilled * self.host.spill_ns_per_byte;
+                }
+                // The scan is priced by `decode_ns`; a fragment holds nothing else.
+                Some(NodeOp::Scan) | None => {}
             }
             Ok(TreeNodeRecursion::Continue)
         })
@@ -590,14 +596,12 @@ fn page_gather_share(selectivity: f64) -> f64 {
 /// Most operators reconsidered together with the one above them (see `visit`).
 const MAX_CHAIN: usize = 4;
 
-/// Whether a node can run `plan` (given its input in the fragment).
+/// Whether `visit` may move `plan` into the fragment below it: a node operator with one input
+/// (a join is `visit_join`'s, with both inputs; a scan is the fragment itself).
 fn can_run_on_node(plan: &dyn ExecutionPlan) -> bool {
-    if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
-        *aggregate.mode() == AggregateMode::Partial
-    } else if let Some(sort) = plan.downcast_ref::<SortExec>() {
-        sort.fetch().is_some()
-    } else {
-        plan.is::<FilterExec>() || plan.is::<ProjectionExec>() || plan.is::<StarProbeExec>()
+    match NodeOp::of(plan) {
+        Some(NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe) => true,
+        Some(NodeOp::Join | NodeOp::Scan) | None => false,
     }
 }
 
@@ -745,20 +749,19 @@ fn selection(plan: &dyn ExecutionPlan) -> Option<(&FilterExec, &ScanLeafExec, bo
 /// strings, cost some 20 ns per row against 2 for one integer comparison. A node's selection
 /// over pages evaluates a comparison once per dictionary entry and on the rows still alive, so
 /// it is charged the simple rate.
-fn op_ns_per_row(plan: &dyn ExecutionPlan, rates: &Calibration) -> f64 {
-    if let Some(filter) = plan.downcast_ref::<FilterExec>() {
-        let relative = if selection(plan).is_some() { 1.0 } else { evaluation_cost(filter.predicate(), &filter.input().schema()) };
-        rates.filter_ns_per_row * relative
-    } else if plan.is::<AggregateExec>() {
-        rates.aggregate_ns_per_row
-    } else if plan.is::<StarProbeExec>() {
-        rates.star_probe_ns_per_row
-    } else if plan.is::<SortExec>() {
-        2.0 * rates.filter_ns_per_row
-    } else if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
-        0.5 * rates.filter_ns_per_row * projection.expr().len() as f64
-    } else {
-        0.0
+fn op_ns_per_row(op: NodeOp, plan: &dyn ExecutionPlan, rates: &Calibration) -> f64 {
+    match op {
+        NodeOp::Filter => {
+            let filter = plan.downcast_ref::<FilterExec>().expect("NodeOp::Filter is a FilterExec");
+            let relative = if selection(plan).is_some() { 1.0 } else { evaluation_cost(filter.predicate(), &filter.input().schema()) };
+            rates.filter_ns_per_row * relative
+        }
+        NodeOp::PartialAggregate => rates.aggregate_ns_per_row,
+        NodeOp::StarProbe => rates.star_probe_ns_per_row,
+        NodeOp::TopK => 2.0 * rates.filter_ns_per_row,
+        NodeOp::Projection => 0.5 * rates.filter_ns_per_row * plan.schema().fields().len() as f64,
+        // Priced on their own in `fragment_cost`.
+        NodeOp::Scan | NodeOp::Join => 0.0,
     }
 }
 

@@ -36,7 +36,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{Stream, StreamExt, TryStreamExt};
 use quarry_storage::key_set::KeySetExpr;
-use quarry_storage::{LinkCodec, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
+use quarry_storage::{LinkCodec, NodeOp, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot};
 use crate::placement::Placement;
@@ -416,7 +416,8 @@ impl DisplayAs for FragmentExec {
         let mut storage_side = Vec::new();
         self.root
             .apply(|plan| {
-                storage_side.push(displayable(plan.as_ref()).one_line().to_string().trim().to_string());
+                let op = NodeOp::of(plan.as_ref()).map_or("not a node operator", NodeOp::name);
+                storage_side.push(format!("{op}: {}", displayable(plan.as_ref()).one_line().to_string().trim()));
                 Ok(TreeNodeRecursion::Continue)
             })
             .expect("visiting a plan cannot fail");

@@ -1,6 +1,7 @@
 //! A storage node over Flight must not trust what it is sent: fragments naming file paths,
 //! unknown tables, segments or columns, filters that misname their input's columns, and bytes
-//! that are no plan at all are rejected with an error, and the node keeps serving.
+//! that are no plan at all, and operators that are not node operators (`NodeOp`) are rejected
+//! with an error, and the node keeps serving.
 
 use std::sync::Arc;
 
@@ -9,7 +10,12 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, lit};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::common::{JoinType, NullEquality};
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::limit::LocalLimitExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use futures::TryStreamExt;
 use quarry_flight::{RemoteStorageNode, ServeOptions, serve};
 use quarry_storage::{Fragment, LinkCodec, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, encode_fragment};
@@ -101,6 +107,25 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
         let filter = FilterExec::try_new(predicate, Arc::clone(&scan)).unwrap();
         let error = rejected(&node, Arc::new(filter)).await;
         assert!(error.contains(&format!("unknown column '{}'", column.name())), "{column}: {error}");
+    }
+    // Operators a node does not run: a sort without a limit, a limit (the leaf carries it), a
+    // join type placement never pushes.
+    let order = LexOrdering::new(vec![PhysicalSortExpr::new_default(Arc::new(Column::new("id", 0)))]).unwrap();
+    let sort = SortExec::new(order.clone(), Arc::clone(&scan));
+    let error = rejected(&node, Arc::new(sort)).await;
+    assert!(error.contains("only top-k sorts"), "{error}");
+    let top_k = SortExec::new(order, Arc::clone(&scan)).with_fetch(Some(3));
+    let messages = run(&node, encode_fragment(Arc::new(top_k)).unwrap()).await.unwrap();
+    assert_eq!(messages.iter().map(|m| if let ScanMessage::Batch(b) = m { b.num_rows() } else { 0 }).sum::<usize>(), 3, "a top-k runs");
+    let error = rejected(&node, Arc::new(LocalLimitExec::new(Arc::clone(&scan), 5))).await;
+    assert!(error.contains("operator LocalLimitExec is not run in storage"), "{error}");
+    let on = vec![(Arc::new(Column::new("id", 0)) as _, Arc::new(Column::new("id", 0)) as _)];
+    for (join_type, runs) in [(JoinType::Left, false), (JoinType::LeftAnti, false), (JoinType::Inner, true)] {
+        let join = HashJoinExec::try_new(Arc::clone(&scan), Arc::clone(&scan), on.clone(), None, &join_type, None, PartitionMode::CollectLeft, NullEquality::NullEqualsNothing, false).unwrap();
+        match run(&node, encode_fragment(Arc::new(join)).unwrap()).await {
+            Ok(messages) => assert!(runs, "{join_type} ran: {} messages", messages.len()),
+            Err(e) => assert!(!runs && e.to_string().contains(&format!("join type {join_type} is not run in storage")), "{join_type}: {e}"),
+        }
     }
     // Bytes that are no plan.
     for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {

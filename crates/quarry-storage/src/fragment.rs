@@ -18,18 +18,12 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_expr_common::physical_expr::proto_decode::PhysicalExprDecodeCtx;
 use datafusion::physical_expr_common::physical_expr::proto_encode::PhysicalExprEncodeCtx;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 #[allow(deprecated)]
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
-use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::common::JoinSide;
-use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream};
-use datafusion::common::JoinType;
 use datafusion_proto::bytes::{physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec};
 use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
 use datafusion_proto::physical_plan::to_proto::serialize_physical_expr_with_converter;
@@ -41,6 +35,7 @@ use quarry_table::PageEncoding;
 
 use crate::api::{Fragment, LinkCodec, ScanLeaf};
 use crate::key_set::{KeySet, KeySetExpr};
+use crate::node_ops::{NodeOp, refusal};
 use crate::star::{StarProbeExec, decode_probe, encode_probe};
 
 /// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
@@ -312,54 +307,41 @@ pub fn check_shippable(plan: &Arc<dyn ExecutionPlan>, ctx: &TaskContext) -> Resu
     decode_fragment(&fragment, ctx, resolve).map(|_| ())
 }
 
-/// A node runs only operators it knows, each over columns that exist in its input with the
-/// names the fragment claims: anything else is rejected before a byte is read.
+/// A node runs only the operators of [`NodeOp`], each over columns that exist in its input with
+/// the names the fragment claims: anything else is rejected before a byte is read.
 pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
-    let any = plan.as_ref();
-    let single_input = || -> Result<SchemaRef> {
-        match plan.children().as_slice() {
-            [child] => Ok(child.schema()),
-            _ => plan_err!("fragment: {} must have one input", plan.name()),
-        }
+    let Some(op) = NodeOp::of(plan.as_ref()) else {
+        return plan_err!("fragment: {}", refusal(plan.as_ref()));
     };
-    if any.is::<ScanLeafExec>() {
-        return Ok(());
-    } else if let Some(join) = any.downcast_ref::<HashJoinExec>() {
-        if !matches!(join.join_type(), JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti) {
-            return plan_err!("fragment: join type {} is not run in storage", join.join_type());
-        }
-        let (left, right) = (join.left().schema(), join.right().schema());
-        for (l, r) in join.on() {
-            check_columns(l, &left, "join key")?;
-            check_columns(r, &right, "join key")?;
-        }
-        if let Some(filter) = join.filter() {
-            check_columns(filter.expression(), filter.schema(), "join filter")?;
-            for index in filter.column_indices() {
-                let side = match index.side {
-                    JoinSide::Left => &left,
-                    JoinSide::Right => &right,
-                    JoinSide::None => return plan_err!("fragment: join filter column without a side"),
-                };
-                if index.index >= side.fields().len() {
-                    return plan_err!("fragment: join filter refers to column {} of a {}-column input", index.index, side.fields().len());
+    if plan.children().len() != op.inputs() {
+        return plan_err!("fragment: {} with {} inputs, not {}", op.name(), plan.children().len(), op.inputs());
+    }
+    match op {
+        NodeOp::Scan => return Ok(()),
+        NodeOp::Join => {
+            let join = plan.downcast_ref::<HashJoinExec>().expect("NodeOp::Join is a HashJoinExec");
+            let (left, right) = (join.left().schema(), join.right().schema());
+            for (l, r) in join.on() {
+                check_columns(l, &left, "join key")?;
+                check_columns(r, &right, "join key")?;
+            }
+            if let Some(filter) = join.filter() {
+                check_columns(filter.expression(), filter.schema(), "join filter")?;
+                for index in filter.column_indices() {
+                    let side = match index.side {
+                        JoinSide::Left => &left,
+                        JoinSide::Right => &right,
+                        JoinSide::None => return plan_err!("fragment: join filter column without a side"),
+                    };
+                    if index.index >= side.fields().len() {
+                        return plan_err!("fragment: join filter refers to column {} of a {}-column input", index.index, side.fields().len());
+                    }
                 }
             }
         }
-    } else if let Some(aggregate) = any.downcast_ref::<AggregateExec>() {
-        if *aggregate.mode() != AggregateMode::Partial {
-            return plan_err!("fragment: only partial aggregation runs in storage");
+        NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe => {
+            check_plan_columns(plan, plan.children()[0].schema().as_ref())?;
         }
-        check_plan_columns(plan, single_input()?.as_ref())?;
-    } else if let Some(sort) = any.downcast_ref::<SortExec>() {
-        if sort.fetch().is_none() {
-            return plan_err!("fragment: only top-k sorts (with a limit) run in storage");
-        }
-        check_plan_columns(plan, single_input()?.as_ref())?;
-    } else if any.is::<FilterExec>() || any.is::<ProjectionExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>() || any.is::<StarProbeExec>() {
-        check_plan_columns(plan, single_input()?.as_ref())?;
-    } else {
-        return plan_err!("fragment: operator {} is not run in storage", plan.name());
     }
     plan.children().into_iter().try_for_each(validate_fragment)
 }

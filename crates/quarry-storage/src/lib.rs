@@ -1,7 +1,7 @@
 //! The storage interface and the storage node that serves it.
 //!
 //! All table reads go through [`StorageNode`]: the host sends a [`Fragment`] (a physical plan
-//! over [`ScanLeaf`]s: scan, filter, projection, partial aggregation, top-k, join) and receives
+//! over [`ScanLeaf`]s of the operators in [`NodeOp`]) and receives
 //! a stream of Arrow batches followed by the fragment's statistics. [`LocalStorageNode`] runs
 //! fragments over a warehouse within a [`DeviceProfile`]; the Flight service (`quarry-flight`)
 //! serves the same trait over the network, so the host's code path is the same either way.
@@ -14,6 +14,7 @@ pub mod graph_job;
 pub mod key_set;
 pub mod local;
 pub mod local_files;
+pub mod node_ops;
 pub mod page_reader;
 pub mod page_select;
 pub mod plain_select;
@@ -26,6 +27,7 @@ pub use api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, Sca
 pub use catalog::{scan_schema, table_error};
 pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragment, validate_fragment};
 pub use grace_join::GraceHashJoinExec;
+pub use node_ops::{NODE_JOIN_TYPES, NODE_OPS, NodeOp};
 pub use plan_metrics::{OperatorIo, operator_io, plan_metric_sum};
 pub use local::{CALIBRATION_FILE, LocalStorageNode};
 pub use page_select::PageSelectExec;

@@ -55,6 +55,7 @@ use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
 use crate::grace_join::GraceHashJoinExec;
+use crate::node_ops::NodeOp;
 use crate::graph_job::{GraphHome, GraphJob, GraphJobOutput, run_graph_job};
 use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
@@ -363,7 +364,8 @@ impl LocalStorageNode {
                 children.push(self.bind(Arc::clone(child), stats).await?);
             }
             let plan = replace_children_if_necessary(plan, children)?;
-            if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+            if NodeOp::of(plan.as_ref()) == Some(NodeOp::Join) {
+                let join = plan.downcast_ref::<HashJoinExec>().expect("NodeOp::Join is a HashJoinExec");
                 let budget = (self.profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY) / 2) as usize;
                 let dir = self.warehouse.root().join(SPILL_DIR);
                 std::fs::create_dir_all(&dir).map_err(|e| DataFusionError::Execution(format!("creating {}: {e}", dir.display())))?;
