@@ -83,9 +83,10 @@ def test_node_killed_mid_query_is_an_error_within_5s(tpch_warehouse):
     assert_no_panic(stderr)
 
 
-def test_metrics_endpoint(tpch_warehouse):
+def test_metrics_endpoint(tpch_warehouse, tmp_path):
+    stats_file = tmp_path / "stats.json"
     with q.StorageNodes([tpch_warehouse], ["--metrics-listen", "127.0.0.1:0"]) as node:
-        _sql(node.arg, "SELECT count(*) FROM orders WHERE o_totalprice > 1000", "--pushdown", "on")
+        _sql(node.arg, "SELECT count(*) FROM orders WHERE o_totalprice > 1000", "--pushdown", "on", "--stats", stats_file)
         proc = node.procs[0]
         # The node names its metrics address on stderr once it listens.
         deadline = time.monotonic() + 10
@@ -102,6 +103,12 @@ def test_metrics_endpoint(tpch_warehouse):
     assert values["quarry_node_fragments_total"] >= 1, text
     assert values["quarry_node_bytes_read_total"] > 0, text
     assert values["quarry_node_rows_scanned_total"] > 0, text
+    # The node's totals are its fragments' counters, the ones the host's --stats adds up.
+    stats = json.loads(stats_file.read_text())
+    assert values["quarry_node_rows_scanned_total"] == stats["rows_scanned"], (text, stats)
+    assert values["quarry_node_bytes_read_storage_total"] == stats["bytes_read_storage"] > 0, (text, stats)
+    assert values["quarry_node_segments_requested_total"] == stats["segments_requested"] > 0, (text, stats)
+    assert values["quarry_node_device_cpu_seconds_total"] > 0, text
 
 
 def test_grace_join_in_storage_within_device_memory(tpch_warehouse, tmp_path):

@@ -8,7 +8,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use quarry_model::energy::{DevicePower, DeviceWork, Energy, HostPower, Work};
 use serde::Serialize;
 
-use quarry_storage::operator_io;
+use quarry_storage::{operator_io, scan_counter};
 
 use crate::scan::{FragmentExec, metric};
 
@@ -155,29 +155,29 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
     let io = operator_io(plan);
     match plan.downcast_ref::<FragmentExec>() {
         Some(fragment) => {
-            let node_ns = sum(metric::NODE_TIME_NS);
-            stats.bytes_read_storage += sum(metric::BYTES_READ_STORAGE);
-            stats.bytes_over_link += sum(metric::BYTES_OVER_LINK);
-            stats.segments_requested += sum(metric::SEGMENTS_REQUESTED);
-            stats.segments_pruned += sum(metric::SEGMENTS_PRUNED);
-            stats.rows_scanned += sum(metric::ROWS_SCANNED);
+            let node_ns = sum(scan_counter::ELAPSED_NS);
+            stats.bytes_read_storage += sum(scan_counter::BYTES_READ);
+            stats.bytes_over_link += sum(scan_counter::LINK_BYTES);
+            stats.segments_requested += sum(scan_counter::SEGMENTS_REQUESTED);
+            stats.segments_pruned += sum(scan_counter::SEGMENTS_PRUNED);
+            stats.rows_scanned += sum(scan_counter::ROWS_SCANNED);
             stats.storage_ms += node_ns as f64 / 1e6;
             // Decoding what the node sent (stored bytes in passthrough) is the host's work.
             stats.host_cpu_ms += sum(metric::HOST_RECEIVE_NS) as f64 / 1e6;
-            stats.device.cpu_ms += sum(metric::DEVICE_CPU_NS) as f64 / 1e6;
-            stats.device.pause_ms += sum(metric::DEVICE_PAUSE_NS) as f64 / 1e6;
-            stats.device.link_wait_ms += sum(metric::LINK_WAIT_NS) as f64 / 1e6;
-            stats.device.spilled_bytes += sum(metric::SPILLED_BYTES);
+            stats.device.cpu_ms += sum(scan_counter::DEVICE_CPU_NS) as f64 / 1e6;
+            stats.device.pause_ms += sum(scan_counter::DEVICE_PAUSE_NS) as f64 / 1e6;
+            stats.device.link_wait_ms += sum(scan_counter::LINK_WAIT_NS) as f64 / 1e6;
+            stats.device.spilled_bytes += sum(scan_counter::SPILLED_BYTES);
             stats.operators.push(OperatorStats {
                 operator: plan.name().to_string(),
                 side: Side::Storage,
                 table: Some(fragment.tables().join(",")),
-                rows_in: sum(metric::ROWS_SCANNED),
+                rows_in: sum(scan_counter::ROWS_SCANNED),
                 rows_out: io.rows_out,
-                bytes_out: sum(metric::BYTES_OVER_LINK),
+                bytes_out: sum(scan_counter::LINK_BYTES),
                 compute_ms: node_ns as f64 / 1e6,
-                bytes_read_storage: sum(metric::BYTES_READ_STORAGE),
-                bytes_over_link: sum(metric::BYTES_OVER_LINK),
+                bytes_read_storage: sum(scan_counter::BYTES_READ),
+                bytes_over_link: sum(scan_counter::LINK_BYTES),
                 predicted_ms: fragment.prediction().map(|(s, _)| s * 1e3),
                 bound: fragment.prediction().map(|(_, b)| b.to_string()),
                 measured_ms: fragment.measured_seconds().map(|s| s * 1e3),

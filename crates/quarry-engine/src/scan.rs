@@ -36,34 +36,15 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{Stream, StreamExt, TryStreamExt};
 use quarry_storage::key_set::KeySetExpr;
-use quarry_storage::{LinkCodec, NodeOp, ScanLeafExec, ScanMessage, ScanStats, SegmentInfo, StorageNode, encode_fragment};
+use quarry_storage::{LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot};
 use crate::placement::Placement;
 use crate::stored_scan::stored_scan;
 
-/// Metric names this operator records (also read by [`crate::QueryStats`]).
+/// Metric names this operator records besides the node's own counters (whose names are
+/// [`quarry_storage::scan_counter`]); [`crate::QueryStats`] reads both.
 pub mod metric {
-    /// Bytes the node read from segment files.
-    pub const BYTES_READ_STORAGE: &str = "bytes_read_storage";
-    /// Bytes of Arrow batches the node handed to the host.
-    pub const BYTES_OVER_LINK: &str = "bytes_over_link";
-    /// Segments the fragment asked for.
-    pub const SEGMENTS_REQUESTED: &str = "segments_requested";
-    /// Segments the node skipped using manifest statistics.
-    pub const SEGMENTS_PRUNED: &str = "segments_pruned";
-    /// Rows in the segments the node opened.
-    pub const ROWS_SCANNED: &str = "rows_scanned";
-    /// Node-side wall time of the fragments, nanoseconds.
-    pub const NODE_TIME_NS: &str = "node_time_ns";
-    /// CPU time of the node's workers, nanoseconds.
-    pub const DEVICE_CPU_NS: &str = "device_cpu_ns";
-    /// Time the node's workers paused for the profile's compute slowdown, nanoseconds.
-    pub const DEVICE_PAUSE_NS: &str = "device_pause_ns";
-    /// Time batches waited for the profile's link bandwidth, nanoseconds.
-    pub const LINK_WAIT_NS: &str = "link_wait_ns";
-    /// Bytes the node spilled (Grace hash join).
-    pub const SPILLED_BYTES: &str = "spilled_bytes";
     /// Host time spent receiving the fragment's output: decoding the stored bytes of a
     /// passthrough read, or the batches (and their link compression) a node sent, nanoseconds.
     pub const HOST_RECEIVE_NS: &str = "host_receive_ns";
@@ -460,16 +441,7 @@ impl ExecutionPlan for FragmentExec {
         let counter = |name: &'static str| MetricBuilder::new(&self.metrics).counter(name, partition);
         let counters = FragmentCounters {
             output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
-            bytes_read: counter(metric::BYTES_READ_STORAGE),
-            bytes_over_link: counter(metric::BYTES_OVER_LINK),
-            segments_requested: counter(metric::SEGMENTS_REQUESTED),
-            segments_pruned: counter(metric::SEGMENTS_PRUNED),
-            rows_scanned: counter(metric::ROWS_SCANNED),
-            node_time_ns: counter(metric::NODE_TIME_NS),
-            device_cpu_ns: counter(metric::DEVICE_CPU_NS),
-            device_pause_ns: counter(metric::DEVICE_PAUSE_NS),
-            link_wait_ns: counter(metric::LINK_WAIT_NS),
-            spilled_bytes: counter(metric::SPILLED_BYTES),
+            node: std::array::from_fn(|i| counter(scan_counter::ALL[i].0)),
         };
         let node = Arc::clone(&part.node);
         let (key_sets, host_key_sets) = if node.in_process() { (Vec::new(), key_sets) } else { (key_sets, Vec::new()) };
@@ -658,19 +630,10 @@ impl ResponseChecker {
             }
             Some(Ok(ScanMessage::Finished(stats))) => {
                 self.finished = true;
-                let c = &self.counters;
-                c.bytes_read.add(stats.bytes_read as usize);
-                // As the node (or, for passthrough, this host's reader) counted them: batches
-                // as handed over or as compressed on the wire, or stored bytes.
-                c.bytes_over_link.add(stats.link_bytes as usize);
-                c.segments_requested.add(stats.segments_requested as usize);
-                c.segments_pruned.add(stats.segments_pruned as usize);
-                c.rows_scanned.add(stats.rows_scanned as usize);
-                c.node_time_ns.add(stats.elapsed_ns as usize);
-                c.device_cpu_ns.add(stats.device_cpu_ns as usize);
-                c.device_pause_ns.add(stats.device_pause_ns as usize);
-                c.link_wait_ns.add(stats.link_wait_ns as usize);
-                c.spilled_bytes.add(stats.spilled_bytes as usize);
+                // As the node (or, for passthrough, this host's reader) counted them.
+                for (count, (_, value)) in self.counters.node.iter().zip(stats.counters()) {
+                    count.add(value as usize);
+                }
                 self.node_stats.lock().expect("stats lock").entry(node.clone()).or_default().merge(&stats);
                 Checked::Continue
             }
@@ -687,14 +650,6 @@ impl ResponseChecker {
 
 struct FragmentCounters {
     output_rows: Count,
-    bytes_read: Count,
-    bytes_over_link: Count,
-    segments_requested: Count,
-    segments_pruned: Count,
-    rows_scanned: Count,
-    node_time_ns: Count,
-    device_cpu_ns: Count,
-    device_pause_ns: Count,
-    link_wait_ns: Count,
-    spilled_bytes: Count,
+    /// The node's counters, in [`scan_counter::ALL`]'s order.
+    node: [Count; scan_counter::ALL.len()],
 }

@@ -259,45 +259,68 @@ pub enum ScanMessage {
 /// A scan's response stream.
 pub type ScanStream = BoxStream<'static, Result<ScanMessage>>;
 
-/// Accounting of one scan on the node.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ScanStats {
+/// Declares a fragment's counters once: each is a field of [`ScanStats`], a metric the host's
+/// `FragmentExec` records under the name in [`scan_counter`] (which `--stats` adds up), and a
+/// total the node exports; `merge` and [`ScanStats::counters`] come from the same list.
+macro_rules! scan_counters {
+    ($( $(#[doc = $doc:literal])+ $field:ident: $constant:ident = $metric:literal; )+) => {
+        /// Accounting of one fragment on the node.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct ScanStats {
+            $( $(#[doc = $doc])+ #[serde(default)] pub $field: u64, )+
+            /// The node-side operators, top first.
+            #[serde(default)]
+            pub operators: Vec<NodeOperatorStats>,
+        }
+
+        /// The metric names of [`ScanStats`]' counters.
+        pub mod scan_counter {
+            $( $(#[doc = $doc])+ pub const $constant: &str = $metric; )+
+            /// Every counter's metric name and description, in [`super::ScanStats::counters`]' order.
+            pub const ALL: &[(&str, &str)] = &[$( ($metric, concat!($($doc),+)) ),+];
+        }
+
+        impl ScanStats {
+            /// Each counter's metric name and value, in [`scan_counter::ALL`]'s order.
+            pub fn counters(&self) -> [(&'static str, u64); scan_counter::ALL.len()] {
+                [$( ($metric, self.$field) ),+]
+            }
+
+            fn merge_counters(&mut self, other: &ScanStats) {
+                $( self.$field += other.$field; )+
+            }
+        }
+    };
+}
+
+scan_counters! {
     /// Segments the request named.
-    pub segments_requested: u64,
+    segments_requested: SEGMENTS_REQUESTED = "segments_requested";
     /// Segments skipped by manifest statistics without opening them.
-    pub segments_pruned: u64,
+    segments_pruned: SEGMENTS_PRUNED = "segments_pruned";
     /// Rows in the segments that were opened.
-    pub rows_scanned: u64,
+    rows_scanned: ROWS_SCANNED = "rows_scanned";
     /// Rows returned.
-    pub rows_returned: u64,
+    rows_returned: ROWS_RETURNED = "rows_returned";
     /// Bytes read from segment files.
-    pub bytes_read: u64,
+    bytes_read: BYTES_READ = "bytes_read_storage";
     /// Bytes of the Arrow batches returned.
-    pub bytes_returned: u64,
+    bytes_returned: BYTES_RETURNED = "bytes_returned";
     /// Bytes that crossed the link: the batches as handed over, or as the transport encoded
     /// and compressed them, or the stored bytes a passthrough read fetched.
-    #[serde(default)]
-    pub link_bytes: u64,
-    /// Node-side wall time of the scan, nanoseconds.
-    pub elapsed_ns: u64,
+    link_bytes: LINK_BYTES = "bytes_over_link";
+    /// Node-side wall time of the fragment, nanoseconds.
+    elapsed_ns: ELAPSED_NS = "node_time_ns";
     /// CPU time the node's workers spent on the fragment, nanoseconds.
-    #[serde(default)]
-    pub device_cpu_ns: u64,
+    device_cpu_ns: DEVICE_CPU_NS = "device_cpu_ns";
     /// Time the node's workers paused to emulate a slower device CPU, nanoseconds.
-    #[serde(default)]
-    pub device_pause_ns: u64,
+    device_pause_ns: DEVICE_PAUSE_NS = "device_pause_ns";
     /// Time batches waited for the device profile's link bandwidth, nanoseconds.
-    #[serde(default)]
-    pub link_wait_ns: u64,
+    link_wait_ns: LINK_WAIT_NS = "link_wait_ns";
     /// Bytes spilled to the node's local files (Grace hash join partitions).
-    #[serde(default)]
-    pub spilled_bytes: u64,
+    spilled_bytes: SPILLED_BYTES = "spilled_bytes";
     /// Time the fragment waited for admission (a free session slot), nanoseconds.
-    #[serde(default)]
-    pub queued_ns: u64,
-    /// The node-side operators, top first.
-    #[serde(default)]
-    pub operators: Vec<NodeOperatorStats>,
+    queued_ns: QUEUED_NS = "queued_ns";
 }
 
 /// Rows and time of one operator that ran on the node.
@@ -320,19 +343,7 @@ pub struct NodeOperatorStats {
 impl ScanStats {
     /// Adds `other` into `self`.
     pub fn merge(&mut self, other: &ScanStats) {
-        self.segments_requested += other.segments_requested;
-        self.segments_pruned += other.segments_pruned;
-        self.rows_scanned += other.rows_scanned;
-        self.rows_returned += other.rows_returned;
-        self.bytes_read += other.bytes_read;
-        self.bytes_returned += other.bytes_returned;
-        self.link_bytes += other.link_bytes;
-        self.elapsed_ns += other.elapsed_ns;
-        self.device_cpu_ns += other.device_cpu_ns;
-        self.device_pause_ns += other.device_pause_ns;
-        self.link_wait_ns += other.link_wait_ns;
-        self.spilled_bytes += other.spilled_bytes;
-        self.queued_ns += other.queued_ns;
+        self.merge_counters(other);
         for op in &other.operators {
             match self.operators.iter_mut().find(|o| o.name == op.name) {
                 Some(mine) => {

@@ -11,6 +11,7 @@
 //! no device compute budget.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,7 +51,7 @@ use quarry_table::{PageEncoding, ScrubReport, SegmentMeta, TableSnapshot, Wareho
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+use crate::api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
@@ -118,23 +119,29 @@ async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Ar
 /// Segments remembered for passthrough reads before the memo starts over.
 const STORED_SEGMENTS_REMEMBERED: usize = 100_000;
 
-/// Cumulative counters since the node started (exported in Prometheus text format).
+/// Cumulative counters since the node started (exported in Prometheus text format): the
+/// fragments' own counters ([`ScanStats::counters`]) summed, and what only the node sees.
 #[derive(Debug, Default)]
 pub struct NodeCounters {
     fragments_started: AtomicU64,
     fragments_rejected: AtomicU64,
     fragments_active: AtomicU64,
     fragments_queued: AtomicU64,
-    rows_scanned: AtomicU64,
-    rows_returned: AtomicU64,
-    bytes_returned: AtomicU64,
+    /// Each of [`scan_counter::ALL`], summed over finished fragments.
+    fragment_totals: [AtomicU64; scan_counter::ALL.len()],
     stored_bytes_served: AtomicU64,
-    device_cpu_ns: AtomicU64,
-    device_pause_ns: AtomicU64,
-    spilled_bytes: AtomicU64,
     scrub_bytes: AtomicU64,
     scrub_passes: AtomicU64,
     scrub_damage: AtomicU64,
+}
+
+impl NodeCounters {
+    /// Adds a finished fragment's counters to the totals.
+    fn add_fragment(&self, stats: &ScanStats) {
+        for (total, (_, value)) in self.fragment_totals.iter().zip(stats.counters()) {
+            total.fetch_add(value, Ordering::Relaxed);
+        }
+    }
 }
 
 impl LocalStorageNode {
@@ -267,27 +274,31 @@ impl LocalStorageNode {
     pub fn metrics_text(&self) -> String {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let metrics: [(&str, &str, &str, u64); 16] = [
+        let node_only: [(&str, &str, &str, u64); 9] = [
             ("quarry_node_fragments_total", "counter", "Fragments started", load(&c.fragments_started)),
             ("quarry_node_fragments_rejected_total", "counter", "Fragments rejected by validation", load(&c.fragments_rejected)),
             ("quarry_node_fragments_active", "gauge", "Fragments running now", load(&c.fragments_active)),
             ("quarry_node_fragments_queued", "gauge", "Fragments waiting for admission", load(&c.fragments_queued)),
-            ("quarry_node_rows_scanned_total", "counter", "Rows in the segments opened", load(&c.rows_scanned)),
-            ("quarry_node_rows_returned_total", "counter", "Rows sent to hosts", load(&c.rows_returned)),
-            ("quarry_node_bytes_read_total", "counter", "Bytes read from segment files", self.store.bytes_read()),
-            ("quarry_node_bytes_sent_total", "counter", "Bytes of Arrow batches sent to hosts", load(&c.bytes_returned)),
+            ("quarry_node_bytes_read_total", "counter", "Bytes read from segment files (fragments, passthrough reads and scrubs)", self.store.bytes_read()),
             ("quarry_node_stored_bytes_served_total", "counter", "Stored segment bytes served to hosts (passthrough)", load(&c.stored_bytes_served)),
             ("quarry_node_scrub_bytes_total", "counter", "Bytes read and checked by scrubs", load(&c.scrub_bytes)),
             ("quarry_node_scrub_passes_total", "counter", "Background scrub passes completed", load(&c.scrub_passes)),
             ("quarry_node_scrub_damage", "gauge", "Damaged files or byte ranges the last background scrub pass found", load(&c.scrub_damage)),
-            ("quarry_node_device_cpu_seconds_total", "counter", "CPU time of device workers", load(&c.device_cpu_ns) / 1_000_000_000),
-            ("quarry_node_device_pause_seconds_total", "counter", "Time device workers paused for the compute slowdown", load(&c.device_pause_ns) / 1_000_000_000),
-            ("quarry_node_spilled_bytes_total", "counter", "Bytes spilled by Grace hash joins", load(&c.spilled_bytes)),
-            ("quarry_node_link_wait_seconds_total", "counter", "Time batches waited for the link", self.link.as_ref().map_or(0, |l| l.waited().as_secs())),
         ];
         let mut text = String::new();
-        for (name, kind, help, value) in metrics {
+        let mut export = |name: &str, kind: &str, help: &str, value: &dyn fmt::Display| {
             text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{node=\"{}\"}} {value}\n", self.name));
+        };
+        for (name, kind, help, value) in node_only {
+            export(name, kind, help, &value);
+        }
+        // Times are counted in nanoseconds and exported in seconds, as Prometheus names them.
+        for ((metric, doc), total) in scan_counter::ALL.iter().zip(&c.fragment_totals) {
+            let help = format!("Fragments: {}", doc.split_whitespace().collect::<Vec<_>>().join(" "));
+            match metric.strip_suffix("_ns") {
+                Some(stem) => export(&format!("quarry_node_{stem}_seconds_total"), "counter", &help, &(load(total) as f64 / 1e9)),
+                None => export(&format!("quarry_node_{metric}_total"), "counter", &help, &load(total)),
+            }
         }
         text
     }
@@ -612,7 +623,6 @@ impl StorageNode for LocalStorageNode {
         let bound = self.bind(decoded, &mut stats).await?;
         let plan = self.optimize(bound)?;
         counters.fragments_started.fetch_add(1, Ordering::Relaxed);
-        counters.rows_scanned.fetch_add(stats.rows_scanned, Ordering::Relaxed);
 
         // Passthrough stands for a plain storage device, which spends no device compute.
         let pacing = (!passthrough).then(|| Pacing { threads: Arc::clone(&self.device_threads), slowdown: self.profile.compute_slowdown });
@@ -822,12 +832,7 @@ impl FragmentRun {
         stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);
         stats.spilled_bytes = plan_metric_sum(self.plan.as_ref(), &|m| m.spilled_bytes());
         operator_stats(self.plan.as_ref(), &mut stats.operators);
-        let c = &self.counters;
-        c.rows_returned.fetch_add(stats.rows_returned, Ordering::Relaxed);
-        c.bytes_returned.fetch_add(stats.bytes_returned, Ordering::Relaxed);
-        c.device_cpu_ns.fetch_add(stats.device_cpu_ns, Ordering::Relaxed);
-        c.device_pause_ns.fetch_add(stats.device_pause_ns, Ordering::Relaxed);
-        c.spilled_bytes.fetch_add(stats.spilled_bytes, Ordering::Relaxed);
+        self.counters.add_fragment(&stats);
         stats
     }
 }
