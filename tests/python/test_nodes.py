@@ -134,6 +134,63 @@ def test_grace_join_in_storage_within_device_memory(tpch_warehouse, tmp_path):
     assert detail["bytes_over_link"] < 10_000, detail["bytes_over_link"]
 
 
+# What a node process holds outside its device memory: code, runtime and thread stacks (about
+# 35 MB at rest here), and the buffers operators use without reserving them (Parquet pages being
+# decoded, IPC messages in flight, the allocator's caches).
+NODE_FIXED_OVERHEAD = 128 << 20
+
+
+def _peak_rss(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+def test_concurrent_joins_and_graph_jobs_share_one_device_memory(tpch_warehouse, tmp_path):
+    """Eight clients at once, each a join pushed into the node and a graph job asking for half
+    the device's memory: none fails, every join is right, and the node's peak RSS stays within
+    its device memory plus a fixed overhead (the jobs wait for memory instead of piling up)."""
+    import shutil
+    import threading
+
+    device = 256 << 20
+    warehouse = tmp_path / "node"
+    shutil.copytree(tpch_warehouse, warehouse)
+    duck_con = q.duckdb_connect(tpch_warehouse, threads=2)
+    duck = q.duckdb_result(duck_con, Q14_JOIN)
+    duck_con.close()
+    clients = 8
+    with q.StorageNodes([warehouse], ["--device-memory", f"{device}B"]) as node:
+        on_node = ["--nodes", node.arg]
+        for i in range(clients):
+            q.run_quarry([*on_node, "graph", "gen", "kron", f"k{i}", "--scale", "17", "--memory", "16MB"], tmp_path / "host")
+        failures, results = [], {}
+
+        def client(i: int) -> None:
+            out, stats = tmp_path / f"q14-{i}.parquet", tmp_path / f"q14-{i}.json"
+            joined = q.run_quarry([*on_node, "sql", Q14_JOIN, "--pushdown", "on", "--format", "parquet", "--output", out, "--stats", stats], tmp_path / "host", check=False)
+            graph = q.run_quarry([*on_node, "graph", "pagerank", f"k{i}", "--iterations", "3", "--memory", f"{device // 2}B"], tmp_path / "host", check=False)
+            for proc in (joined, graph):
+                if proc.returncode != 0:
+                    failures.append(proc.stderr)
+            results[i] = (out, stats)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        peak = _peak_rss(node.procs[0].pid)
+    assert not failures, failures
+    for out, stats in results.values():
+        cmp = q.compare_query_results(Q14_JOIN, q.read_parquet_result(out), duck)
+        assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
+        storage_ops = [op["operator"] for op in json.loads(stats.read_text())["operators"] if op["side"] == "storage"]
+        assert "GraceHashJoinExec" in storage_ops, storage_ops
+    assert peak <= device + NODE_FIXED_OVERHEAD, f"peak RSS {peak >> 20} MB over {device >> 20} MB + {NODE_FIXED_OVERHEAD >> 20} MB"
+
+
 def test_disconnected_client_frees_its_session(tpch_warehouse):
     """With one session slot, a client killed mid-query must give its grant back: the next query
     runs instead of queueing forever."""

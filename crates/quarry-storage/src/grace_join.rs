@@ -1,6 +1,13 @@
 //! A hash join that stays within a memory budget by spilling: the Grace hash join ("in-storage
 //! hash join", Kim et al. 2015, sec. 3.2).
 //!
+//! Its memory comes from the node's one pool (the task's `MemoryPool`), reserved before use: the
+//! build rows, DataFusion's concatenated copy of them and its hash table. When the whole build
+//! side fits, the join runs in memory with the probe side streamed straight through it and
+//! nothing touches a disk. Only when a reservation fails (or the build side outgrows the join's
+//! own budget) are both inputs split as follows; spill files are written and read on blocking
+//! threads, never on the device's worker threads.
+//!
 //! Both inputs are split by a hash of their join keys into partitions written to Arrow IPC files;
 //! equal keys land in the same partition on both sides, so the join is the union of the joins
 //! of the partition pairs. Each pair is then joined by DataFusion's own [`HashJoinExec`] with
@@ -15,6 +22,7 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, take_record_batch};
@@ -23,10 +31,12 @@ use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::utils::memory::{RecordBatchMemoryCounter, get_record_batch_memory_size};
+use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::common::{DataFusionError, JoinType, Statistics, exec_datafusion_err, internal_err, not_impl_err, plan_err, resources_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation, UnboundedMemoryPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -36,6 +46,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use datafusion::physical_plan::{SendableRecordBatchStream, StatisticsArgs, StatisticsContext, apply_expression_roots};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 
 /// How many times a build partition that is still over the budget is split again; past that
@@ -47,15 +58,15 @@ const MIN_FANOUT: usize = 2;
 const MAX_FANOUT: usize = 256;
 const DEFAULT_FANOUT: usize = 16;
 
-/// A Grace hash join: the results of a [`HashJoinExec`] (left input = build side) with at most
-/// `memory_budget` bytes of build-side rows in memory, spilling hash partitions of both inputs
-/// to Arrow IPC files under `spill_dir`.
+/// A Grace hash join: the results of a [`HashJoinExec`] (left input = build side) within at
+/// most `memory_budget` bytes and what the task's memory pool grants, spilling hash partitions
+/// of both inputs to Arrow IPC files under `spill_dir` only when the build side does not fit.
 ///
-/// The budget bounds the build rows held for one partition's join (Arrow buffer bytes, the
-/// `max_build_partition_bytes` metric) and, at half the budget, the rows buffered while
-/// partitioning; DataFusion's hash table over a loaded partition and its concatenated copy of
-/// the rows come on top. It reads every input partition of both children and produces one
-/// output partition, in no particular order.
+/// The memory it reserves for a join in memory is [`in_memory_cost`]: the build rows (Arrow
+/// buffer bytes, the `max_build_partition_bytes` metric), DataFusion's concatenated copy and
+/// its hash table; rows buffered while partitioning are reserved too, at most half the budget.
+/// It reads every input partition of both children and produces one output partition, in no
+/// particular order.
 #[derive(Debug)]
 pub struct GraceHashJoinExec {
     /// The join to reproduce, never executed itself: each partition pair runs a fresh copy.
@@ -166,7 +177,8 @@ impl ExecutionPlan for GraceHashJoinExec {
         }
         // Sized so that the average build partition fills half the budget.
         let stats = StatisticsContext::new().compute(self.join.left().as_ref(), &StatisticsArgs::new());
-        let fanout = fanout_for(stats.ok().and_then(|stats| stats.total_byte_size.get_value().copied()), self.memory_budget);
+        let cost = stats.ok().and_then(|stats| Some(in_memory_cost(*stats.total_byte_size.get_value()?, stats.num_rows.get_value().copied().unwrap_or(0))));
+        let fanout = fanout_for(cost, self.memory_budget);
         let metric = || MetricBuilder::new(&self.metrics);
         let metrics = GraceMetrics {
             output_rows: metric().output_rows(partition),
@@ -175,11 +187,12 @@ impl ExecutionPlan for GraceHashJoinExec {
             max_build_partition_bytes: metric().gauge("max_build_partition_bytes", partition),
         };
         let (join, budget, spill_dir) = (Arc::clone(&self.join), self.memory_budget, self.spill_dir.clone());
+        let reservation = MemoryConsumer::new(format!("GraceHashJoinExec[{partition}]")).with_can_spill(true).register(context.memory_pool());
+        let join_ctx = unaccounted(&context)?;
         let run = async move {
-            let dir = SpillDir::create(&spill_dir)?;
             let (pending, current, remaining) = (Vec::new(), None, join.fetch());
-            let run = JoinRun { join, ctx: context, budget, dir, metrics, pending, current, passes: 0, remaining };
-            run.partition_inputs(fanout).await
+            let run = JoinRun { join, ctx: context, join_ctx, reservation, budget, spill_dir, dir: None, metrics, pending, current, passes: 0, remaining };
+            run.build_side(fanout).await
         };
         let output = stream::once(run).map_ok(|run| stream::unfold(run, JoinRun::next)).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), output)))
@@ -203,10 +216,44 @@ impl ExecutionPlan for GraceHashJoinExec {
     }
 }
 
-/// The partition count for `bytes` of build rows.
-fn fanout_for(bytes: Option<usize>, budget: usize) -> usize {
-    match bytes {
-        Some(bytes) if bytes > 0 => bytes.saturating_mul(2).div_ceil(budget).clamp(MIN_FANOUT, MAX_FANOUT),
+/// Bytes of DataFusion's hash table per build row: a (hash, row) bucket at its load factor and
+/// the row's link in the chain of equal hashes.
+const HASH_TABLE_BYTES_PER_ROW: usize = 32;
+
+/// Memory a hash join over `bytes` of build rows in `rows` rows takes: the rows, the copy
+/// DataFusion concatenates them into, and its hash table.
+fn in_memory_cost(bytes: usize, rows: usize) -> usize {
+    2 * bytes + rows * HASH_TABLE_BYTES_PER_ROW
+}
+
+/// `ctx` over a pool that counts nothing: the joins of loaded partitions run in it, their memory
+/// reserved beforehand through the Grace join's own reservation ([`in_memory_cost`]).
+fn unaccounted(ctx: &TaskContext) -> Result<Arc<TaskContext>> {
+    let runtime = RuntimeEnvBuilder::from_runtime_env(&ctx.runtime_env()).with_memory_pool(Arc::new(UnboundedMemoryPool::default())).build_arc()?;
+    Ok(Arc::new(
+        TaskContext::new(
+            ctx.task_id(),
+            ctx.session_id(),
+            ctx.session_config().clone(),
+            ctx.scalar_functions().clone(),
+            ctx.higher_order_functions().clone(),
+            ctx.aggregate_functions().clone(),
+            ctx.window_functions().clone(),
+            runtime,
+        ),
+    ))
+}
+
+/// Runs blocking file I/O on a blocking thread, off the device's workers.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| exec_datafusion_err!("GraceHashJoinExec: spill I/O failed: {e}"))?
+}
+
+/// The partition count for build rows whose join in memory would cost `cost` bytes
+/// ([`in_memory_cost`]): partitions of about half the budget.
+fn fanout_for(cost: Option<usize>, budget: usize) -> usize {
+    match cost {
+        Some(cost) if cost > 0 => cost.saturating_mul(2).div_ceil(budget).clamp(MIN_FANOUT, MAX_FANOUT),
         _ => DEFAULT_FANOUT,
     }
 }
@@ -230,6 +277,7 @@ struct GraceMetrics {
 struct SpillFile {
     path: PathBuf,
     bytes: usize,
+    rows: usize,
 }
 
 /// A build and a probe partition holding the same keys (`None`: no rows).
@@ -275,8 +323,14 @@ fn spill_error(action: &str, path: &Path, e: impl fmt::Display) -> DataFusionErr
 struct JoinRun {
     join: Arc<HashJoinExec>,
     ctx: Arc<TaskContext>,
+    /// For the joins of loaded partitions, whose memory `reservation` holds.
+    join_ctx: Arc<TaskContext>,
+    /// The build rows in memory (and the join over them) from the task's pool.
+    reservation: MemoryReservation,
     budget: usize,
-    dir: SpillDir,
+    spill_dir: PathBuf,
+    /// Made when the first partition is spilled.
+    dir: Option<SpillDir>,
     metrics: GraceMetrics,
     /// A stack: partition 0 on top, then the sub-partitions of a split pair before the rest.
     pending: Vec<PartitionPair>,
@@ -288,12 +342,44 @@ struct JoinRun {
 }
 
 impl JoinRun {
-    /// The partition phase: splits all input partitions of the build side, then of the probe side.
-    async fn partition_inputs(mut self, fanout: usize) -> Result<Self> {
-        let build = self.partition_side(true, merge_partitions(self.join.left(), &self.ctx)?, 0, fanout).await?;
-        let probe = self.partition_side(false, merge_partitions(self.join.right(), &self.ctx)?, 0, fanout).await?;
-        self.push_pairs(build, probe, 0);
+    /// Reads the build side into memory while the pool grants it and it stays within the
+    /// budget; then joins in memory, streaming the probe side. Else partitions both sides.
+    async fn build_side(mut self, fanout: usize) -> Result<Self> {
+        let mut input = merge_partitions(self.join.left(), &self.ctx)?;
+        let (mut held, mut bytes, mut rows) = (Vec::new(), 0, 0);
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            let (more_bytes, more_rows) = (bytes + get_record_batch_memory_size(&batch), rows + batch.num_rows());
+            let cost = in_memory_cost(more_bytes, more_rows);
+            if cost <= self.budget && self.reservation.try_resize(cost).is_ok() {
+                (bytes, rows) = (more_bytes, more_rows);
+                held.push(batch);
+                continue;
+            }
+            // It does not fit: partition both sides, into parts of about half what was granted.
+            self.reservation.free();
+            let granted = in_memory_cost(bytes, rows).max(self.budget / MAX_FANOUT);
+            let fanout = fanout.max(fanout_for(Some(in_memory_cost(2 * more_bytes, 2 * more_rows)), granted));
+            let held = stream::iter(held.into_iter().chain([batch]).map(Ok));
+            let build = self.partition_side(true, held.chain(input), 0, fanout).await?;
+            let probe = self.partition_side(false, merge_partitions(self.join.right(), &self.ctx)?, 0, fanout).await?;
+            self.push_pairs(build, probe, 0);
+            return Ok(self);
+        }
+        self.metrics.max_build_partition_bytes.set_max(bytes);
+        let probe = OnceSource::new(self.join.right().schema(), merge_partitions(self.join.right(), &self.ctx)?);
+        let pair = PartitionPair { build: None, probe: None, depth: 0 };
+        self.current = Some((self.join_in_memory(held, probe)?, pair));
         Ok(self)
+    }
+
+    /// The join of `build` (held in memory, reserved) with the rows of `probe`.
+    fn join_in_memory(&self, build: Vec<RecordBatch>, probe: Arc<dyn PartitionStream>) -> Result<SendableRecordBatchStream> {
+        let build = MemorySourceConfig::try_new_exec(&[build], self.join.left().schema(), None)?;
+        let probe = StreamingTableExec::try_new(self.join.right().schema(), vec![probe], None, Vec::new(), false, None)?;
+        let builder = self.join.builder().with_new_children(vec![build, Arc::new(probe)])?;
+        let join = builder.with_partition_mode(PartitionMode::CollectLeft).reset_state().build()?;
+        join.execute(0, Arc::clone(&self.join_ctx))
     }
 
     /// Routes `input` (one side's rows) to `fanout` spill files by the hash of its join keys.
@@ -307,14 +393,21 @@ impl JoinRun {
         let (child, side) = if build_side { (self.join.left(), "build") } else { (self.join.right(), "probe") };
         let keys = self.join.on().iter().map(|(l, r)| Arc::clone(if build_side { l } else { r })).collect();
         self.passes += 1;
-        let paths = (0..fanout).map(|p| self.dir.0.join(format!("{}-{side}-{p}.arrow", self.passes))).collect();
+        let dir = match &self.dir {
+            Some(dir) => dir.0.clone(),
+            None => self.dir.insert(SpillDir::create(&self.spill_dir)?).0.clone(),
+        };
+        let paths = (0..fanout).map(|p| dir.join(format!("{}-{side}-{p}.arrow", self.passes))).collect();
         let (buffers, writers) = (vec![Vec::new(); fanout], (0..fanout).map(|_| None).collect());
         let (schema, hash, buffer_limit) = (child.schema(), router_hash(depth), self.budget / 2);
-        let mut router = Router { schema, keys, hash, paths, buffers, writers, buffered: 0, buffer_limit };
+        let reservation = self.reservation.new_empty();
+        let mut router = Router { schema, keys, hash, paths, buffers, writers, rows: vec![0; fanout], reservation, buffer_limit };
         while let Some(batch) = input.next().await {
-            router.push(&batch?)?;
+            if router.push(&batch?)? {
+                router = blocking(move || router.flush().map(|()| router)).await?;
+            }
         }
-        let files = router.finish()?;
+        let files = blocking(move || router.finish()).await?;
         self.metrics.spilled_bytes.add(files.iter().flatten().map(|file| file.bytes).sum());
         Ok(files)
     }
@@ -340,7 +433,10 @@ impl JoinRun {
                         return Some((Ok(batch.slice(0, rows)), self));
                     }
                     Some(Err(e)) => return Some((Err(e), self.stop())),
-                    None => self.current.take().into_iter().for_each(|(_, pair)| pair.remove_files()),
+                    None => {
+                        self.current.take().into_iter().for_each(|(_, pair)| pair.remove_files());
+                        self.reservation.free();
+                    }
                 }
             }
             // No pair left: the stream ends, and dropping `self` removes the spill directory.
@@ -369,33 +465,24 @@ impl JoinRun {
             pair.remove_files();
             return Ok(());
         }
-        let Some((batches, bytes)) = self.load_build(&pair)? else { return self.split(pair).await };
-        self.metrics.max_build_partition_bytes.set_max(bytes);
-        let build = MemorySourceConfig::try_new_exec(&[batches], self.join.left().schema(), None)?;
-        let probe_source = Arc::new(SpillSource { schema: self.join.right().schema(), file: pair.probe.clone() });
-        let probe = StreamingTableExec::try_new(self.join.right().schema(), vec![probe_source], None, Vec::new(), false, None)?;
-        let builder = self.join.builder().with_new_children(vec![build, Arc::new(probe)])?;
-        let join = builder.with_partition_mode(PartitionMode::CollectLeft).reset_state().build()?;
-        self.current = Some((join.execute(0, Arc::clone(&self.ctx))?, pair));
-        Ok(())
-    }
-
-    /// The pair's build rows and their bytes in memory, or `None` if they exceed the budget.
-    fn load_build(&self, pair: &PartitionPair) -> Result<Option<(Vec<RecordBatch>, usize)>> {
-        // IPC files hold about what the rows take in memory: no use reading one far too large.
-        if pair.build.as_ref().is_some_and(|file| file.bytes > self.budget) {
-            return Ok(None);
-        }
-        let (mut counter, mut batches) = (RecordBatchMemoryCounter::new(), Vec::new());
-        for batch in read_spill(pair.build.as_ref())? {
-            let batch = batch?;
-            counter.count_batch(&batch);
-            if counter.memory_usage() > self.budget {
-                return Ok(None);
+        // A partition the pool refuses (concurrent work holds its memory) is split while that
+        // is allowed, then waits for the memory: it holds none while it waits, and what others
+        // hold they return when they finish.
+        let mut pause = Duration::from_millis(2);
+        let (batches, bytes) = loop {
+            match load_build(&self.reservation, self.budget, &pair).await? {
+                Load::Loaded(batches, bytes) => break (batches, bytes),
+                Load::Refused if pair.depth >= MAX_DEPTH => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+                Load::OverBudget | Load::Refused => return self.split(pair).await,
             }
-            batches.push(batch);
-        }
-        Ok(Some((batches, counter.memory_usage())))
+        };
+        self.metrics.max_build_partition_bytes.set_max(bytes);
+        let probe = Arc::new(SpillSource { schema: self.join.right().schema(), file: pair.probe.clone() });
+        self.current = Some((self.join_in_memory(batches, probe)?, pair));
+        Ok(())
     }
 
     /// Splits an oversized pair with the next depth's hash and queues the parts in its place.
@@ -407,13 +494,50 @@ impl JoinRun {
                 self.budget
             );
         }
-        let (depth, fanout) = (pair.depth + 1, fanout_for(Some(bytes), self.budget));
-        let build = self.partition_side(true, stream::iter(read_spill(pair.build.as_ref())?), depth, fanout).await?;
-        let probe = self.partition_side(false, stream::iter(read_spill(pair.probe.as_ref())?), depth, fanout).await?;
+        let rows = pair.build.as_ref().map_or(0, |file| file.rows);
+        let (depth, fanout) = (pair.depth + 1, fanout_for(Some(in_memory_cost(bytes, rows)), self.budget));
+        let build = self.partition_side(true, spill_stream(pair.build.clone()), depth, fanout).await?;
+        let probe = self.partition_side(false, spill_stream(pair.probe.clone()), depth, fanout).await?;
         pair.remove_files();
         self.push_pairs(build, probe, depth);
         Ok(())
     }
+}
+
+/// What loading a build partition came to.
+enum Load {
+    /// Its rows and their bytes in memory, reserved with their join.
+    Loaded(Vec<RecordBatch>, usize),
+    /// Its join in memory would exceed the budget.
+    OverBudget,
+    /// The pool refused the memory (within the budget).
+    Refused,
+}
+
+/// Loads the pair's build rows, reserving before reading (IPC files hold about what the rows
+/// take in memory), then keeping what the rows really take.
+async fn load_build(reservation: &MemoryReservation, budget: usize, pair: &PartitionPair) -> Result<Load> {
+    let (file_bytes, rows) = pair.build.as_ref().map_or((0, 0), |file| (file.bytes, file.rows));
+    let estimate = in_memory_cost(file_bytes, rows);
+    if estimate > budget {
+        return Ok(Load::OverBudget);
+    }
+    if reservation.try_resize(estimate).is_err() {
+        return Ok(Load::Refused);
+    }
+    let file = pair.build.clone();
+    let batches: Vec<RecordBatch> = blocking(move || read_spill(file.as_ref())?.collect()).await?;
+    let bytes = batches.iter().map(get_record_batch_memory_size).sum();
+    let cost = in_memory_cost(bytes, rows);
+    if cost > budget {
+        reservation.free();
+        return Ok(Load::OverBudget);
+    }
+    if reservation.try_resize(cost).is_err() {
+        reservation.free();
+        return Ok(Load::Refused);
+    }
+    Ok(Load::Loaded(batches, bytes))
 }
 
 /// All output partitions of `plan`, polled together: draining them one by one would make an
@@ -428,7 +552,8 @@ fn merge_partitions(
 }
 
 /// One partitioning pass of one side: routes rows to `paths` (one per partition) by key hash,
-/// buffering up to `buffer_limit` bytes so that each file gets few, large IPC messages.
+/// buffering up to `buffer_limit` bytes (as far as the pool grants them) so that each file gets
+/// few, large IPC messages.
 struct Router {
     schema: SchemaRef,
     keys: Vec<Arc<dyn PhysicalExpr>>,
@@ -437,12 +562,17 @@ struct Router {
     buffers: Vec<Vec<RecordBatch>>,
     /// Opened on a partition's first rows: an empty partition has no file.
     writers: Vec<Option<StreamWriter<BufWriter<File>>>>,
-    buffered: usize,
+    /// Rows written to each partition.
+    rows: Vec<usize>,
+    /// The buffered rows' bytes.
+    reservation: MemoryReservation,
     buffer_limit: usize,
 }
 
 impl Router {
-    fn push(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Routes a batch's rows to their partitions' buffers; true when the buffers should be
+    /// written out (over the limit, or the pool refused them).
+    fn push(&mut self, batch: &RecordBatch) -> Result<bool> {
         let rows = batch.num_rows();
         let keys = self.keys.iter().map(|key| key.evaluate(batch)?.into_array(rows)).collect::<Result<Vec<_>>>()?;
         let mut hashes = vec![0; rows];
@@ -452,15 +582,14 @@ impl Router {
         for (row, hash) in hashes.iter().enumerate() {
             indices[(hash % self.paths.len() as u64) as usize].push(row as u32);
         }
+        let mut refused = false;
         for (partition, rows) in indices.into_iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
             let part = compact_views(take_record_batch(batch, &UInt32Array::from(rows))?)?;
-            self.buffered += get_record_batch_memory_size(&part);
+            // Rows the pool refuses are written out at once, with what is buffered.
+            refused |= self.reservation.try_grow(get_record_batch_memory_size(&part)).is_err();
             self.buffers[partition].push(part);
         }
-        if self.buffered > self.buffer_limit {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(refused || self.reservation.size() > self.buffer_limit)
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -476,22 +605,23 @@ impl Router {
                 }
             };
             writer.write(&batch).map_err(|e| spill_error("write", path, e))?;
+            self.rows[partition] += batch.num_rows();
         }
-        self.buffered = 0;
+        self.reservation.free();
         Ok(())
     }
 
     /// Writes what is buffered and closes the files: one per partition, `None` where it has no rows.
     fn finish(mut self) -> Result<Vec<Option<SpillFile>>> {
         self.flush()?;
-        let close = |writer: StreamWriter<BufWriter<File>>, path: PathBuf| {
+        let close = |writer: StreamWriter<BufWriter<File>>, path: PathBuf, rows: usize| {
             let file = writer.into_inner().map_err(|e| spill_error("write", &path, e))?;
             let file = file.into_inner().map_err(|e| spill_error("write", &path, e.error()))?;
             let bytes = file.metadata().map_err(|e| spill_error("inspect", &path, e))?.len() as usize;
-            Ok(SpillFile { path, bytes })
+            Ok(SpillFile { path, bytes, rows })
         };
-        let files = self.writers.into_iter().zip(self.paths);
-        files.map(|(writer, path)| writer.map(|writer| close(writer, path)).transpose()).collect()
+        let files = self.writers.into_iter().zip(self.paths).zip(self.rows);
+        files.map(|((writer, path), rows)| writer.map(|writer| close(writer, path, rows)).transpose()).collect()
     }
 }
 
@@ -520,6 +650,23 @@ fn read_spill(file: Option<&SpillFile>) -> Result<SpillBatches> {
     Ok(Box::new(reader.map(move |batch| batch.map_err(|e| spill_error("read", &path, e)))))
 }
 
+/// The batches of a spill file, read on a blocking thread a couple of batches ahead.
+fn spill_stream(file: Option<SpillFile>) -> impl Stream<Item = Result<RecordBatch>> + Send + Unpin + 'static {
+    let (sender, receiver) = tokio::sync::mpsc::channel(2);
+    if file.is_some() {
+        tokio::task::spawn_blocking(move || {
+            let batches: SpillBatches = read_spill(file.as_ref()).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))));
+            for batch in batches {
+                // The join stopped reading (it ended early or was dropped): stop too.
+                if sender.blocking_send(batch).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Box::pin(stream::unfold(receiver, |mut receiver| async move { receiver.recv().await.map(|batch| (batch, receiver)) }))
+}
+
 /// A probe partition streamed from its spill file into the partition's hash join.
 #[derive(Debug)]
 struct SpillSource {
@@ -533,7 +680,36 @@ impl PartitionStream for SpillSource {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let batches: SpillBatches = read_spill(self.file.as_ref()).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))));
-        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream::iter(batches)))
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), spill_stream(self.file.clone())))
+    }
+}
+
+/// The probe side's live input, handed to the in-memory join once.
+struct OnceSource {
+    schema: SchemaRef,
+    input: std::sync::Mutex<Option<BoxStream<'static, Result<RecordBatch>>>>,
+}
+
+impl OnceSource {
+    fn new(schema: SchemaRef, input: impl Stream<Item = Result<RecordBatch>> + Send + 'static) -> Arc<Self> {
+        Arc::new(OnceSource { schema, input: std::sync::Mutex::new(Some(input.boxed())) })
+    }
+}
+
+impl fmt::Debug for OnceSource {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("OnceSource").field("schema", &self.schema).finish()
+    }
+}
+
+impl PartitionStream for OnceSource {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let input = self.input.lock().expect("once source lock").take();
+        let input = input.unwrap_or_else(|| stream::once(async { internal_err!("GraceHashJoinExec: the probe side was read twice") }).boxed());
+        Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), input))
     }
 }

@@ -11,6 +11,7 @@
 //! no device compute budget.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use datafusion::catalog::TableProvider;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryReservation, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
@@ -164,7 +166,11 @@ impl LocalStorageNode {
         // filter still prunes segments, row groups and pages by their statistics.
         options.execution.parquet.pushdown_filters = false;
         options.execution.collect_statistics = false;
-        let runtime = RuntimeEnvBuilder::new().with_memory_limit(memory as usize, 1.0).build_arc()?;
+        // One pool of the device's memory for every fragment's operators and graph job. Greedy,
+        // not fair shares: a consumer that cannot get memory spills or waits for it while
+        // holding none, which a share that shrinks as consumers register could make wait forever.
+        let pool = TrackConsumersPool::new(GreedyMemoryPool::new(memory as usize), NonZeroUsize::new(5).expect("5 is not zero"));
+        let runtime = RuntimeEnvBuilder::new().with_memory_pool(Arc::new(pool)).build_arc()?;
         let local = Arc::new(object_store::local::LocalFileSystem::new());
         let read_limit = profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
         let store = Arc::new(ThrottledStore::new(local, read_limit));
@@ -214,16 +220,30 @@ impl LocalStorageNode {
             return run_graph_job(&self.warehouse, job, 1, None, Cancel::default()).map_err(DataFusionError::Execution);
         }
         let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
+        let memory = self.reserve_waiting("graph job", job.memory_bytes().unwrap_or(0) as usize).await;
         let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
         let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
         let flag = Arc::clone(&cancel.0);
         let job = tokio::task::spawn_blocking(move || {
-            let _session = session;
+            let (_session, _memory) = (session, memory);
             run_graph_job(&warehouse, job, threads, None, Cancel::new(flag))
         });
         let output = job.await.map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?;
         drop(cancel);
         output.map_err(DataFusionError::Execution)
+    }
+
+    /// `bytes` of the device's memory pool for a consumer that cannot spill, once the pool has
+    /// them: it waits, as for a session slot, while concurrent work holds the memory (what it
+    /// holds is bounded and returned when it finishes). Dropping the future stops the wait.
+    async fn reserve_waiting(&self, name: &str, bytes: usize) -> MemoryReservation {
+        let reservation = MemoryConsumer::new(name).register(&self.state.runtime_env().memory_pool);
+        let mut pause = Duration::from_millis(2);
+        while reservation.try_grow(bytes).is_err() {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+        reservation
     }
 
     /// The device profile's link, for a transport that paces what it sends itself (compressed
@@ -377,7 +397,8 @@ impl LocalStorageNode {
             let plan = replace_children_if_necessary(plan, children)?;
             if NodeOp::of(plan.as_ref()) == Some(NodeOp::Join) {
                 let join = plan.downcast_ref::<HashJoinExec>().expect("NodeOp::Join is a HashJoinExec");
-                let budget = (self.profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY) / 2) as usize;
+                // The device's memory bounds it; the pool it reserves from decides its share.
+                let budget = self.profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY) as usize;
                 let dir = self.warehouse.root().join(SPILL_DIR);
                 std::fs::create_dir_all(&dir).map_err(|e| DataFusionError::Execution(format!("creating {}: {e}", dir.display())))?;
                 return Ok(Arc::new(GraceHashJoinExec::try_from_hash_join(join, budget, dir)?));

@@ -10,6 +10,8 @@ use datafusion::common::{JoinSide, JoinType, NullEquality};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, col, lit};
@@ -152,7 +154,13 @@ async fn assert_same_results(reference: HashJoinExec, join: &HashJoinExec, budge
     assert_eq!(actual.len(), expected.len(), "{} join: row counts differ", join.join_type());
     assert!(actual == expected, "{} join: rows differ", join.join_type());
     assert_eq!(grace.output_rows(), expected.len());
-    assert!(grace.spilled_bytes() > 0);
+    // It spills when the build side's join would not fit in the budget, and only then.
+    let build_bytes: usize = run(Arc::clone(join.left())).await.unwrap().iter().map(|b| b.get_array_memory_size()).sum();
+    if 2 * build_bytes > budget {
+        assert!(grace.spilled_bytes() > 0, "{} join: {build_bytes} build bytes in a budget of {budget}", join.join_type());
+    } else if 4 * build_bytes < budget {
+        assert_eq!(grace.spilled_bytes(), 0, "{} join: {build_bytes} build bytes in a budget of {budget}", join.join_type());
+    }
     assert!(grace.max_build_partition_bytes() <= budget, "{} > {budget}", grace.max_build_partition_bytes());
     assert_empty_dir(dir.path());
     grace
@@ -213,9 +221,11 @@ async fn assert_joins_match(build: &[RecordBatch], probe: &[RecordBatch]) {
 
 #[tokio::test]
 async fn grace_join_splits_partitions_over_budget_again() {
-    // Without statistics the first pass makes 16 partitions of about 80 KiB: over a 48 KiB budget.
+    // Without statistics the first pass makes 16 partitions of about 80 KiB, whose joins in
+    // memory (rows, their copy, the hash table) take some 200 KiB: over a 96 KiB budget. (The
+    // 377 NULL keys share one partition, whatever the hash: about 70 KiB in memory.)
     let (build, probe) = (parts(20_000, 53, |i| i as i64), lineitems(100_000, 101));
-    let budget = 48 * 1024;
+    let budget = 96 * 1024;
     let halves = [build[..build.len() / 2].to_vec(), build[build.len() / 2..].to_vec()];
     let streams = halves.into_iter().map(|half| Arc::new(Batches(part_schema(), half)) as Arc<dyn PartitionStream>).collect();
     let unknown_size = Arc::new(StreamingTableExec::try_new(part_schema(), streams, None, Vec::new(), false, None).unwrap());
@@ -224,6 +234,32 @@ async fn grace_join_splits_partitions_over_budget_again() {
     let reference = hash_join(memory_scan(&build, part_schema(), 1), probe_scan(), JoinType::Full, None, None, NullEquality::NullEqualsNothing);
     let grace = assert_same_results(reference, &join, budget).await;
     assert!(grace.spill_partitions() > 16, "{} partitions", grace.spill_partitions());
+}
+
+#[tokio::test]
+async fn grace_join_spills_when_the_memory_pool_refuses_and_stays_within_it() {
+    // A budget that would hold the whole build side, in a pool that does not: the pool decides.
+    let (build, probe) = (parts(20_000, 53, |i| i as i64), lineitems(100_000, 101));
+    let pool_bytes = 512 * 1024;
+    let pool = Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(pool_bytes), std::num::NonZeroUsize::new(3).unwrap()));
+    let runtime = RuntimeEnvBuilder::new().with_memory_pool(Arc::clone(&pool) as _).build_arc().unwrap();
+    let ctx = Arc::new(TaskContext::default().with_runtime(runtime));
+    let join = || hash_join(memory_scan(&build, part_schema(), 1), memory_scan(&probe, lineitem_schema(), 2), JoinType::Inner, None, None, NullEquality::NullEqualsNothing);
+    let dir = tempfile::tempdir().unwrap();
+    let grace = Arc::new(GraceHashJoinExec::try_from_hash_join(&join(), 64 << 20, dir.path().to_path_buf()).unwrap());
+    let expected = sorted_rows(&join().schema(), &run(Arc::new(join())).await.unwrap());
+    let mut stream = grace.execute(0, Arc::clone(&ctx)).unwrap();
+    let (mut batches, mut peak) = (Vec::new(), 0);
+    while let Some(batch) = stream.next().await {
+        batches.push(batch.unwrap());
+        peak = peak.max(pool.reserved());
+    }
+    drop(stream);
+    assert!(sorted_rows(&join().schema(), &batches) == expected, "rows differ");
+    assert!(grace.spilled_bytes() > 0, "a build side over the pool is partitioned");
+    assert!(peak > 0 && peak <= pool_bytes, "peak {peak} of a {pool_bytes}-byte pool");
+    assert_eq!(pool.reserved(), 0, "everything reserved is returned");
+    assert_empty_dir(dir.path());
 }
 
 #[tokio::test]
