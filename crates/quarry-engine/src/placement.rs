@@ -33,6 +33,7 @@ use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_model::energy::{DeviceWork, Energy, HostPower, Work, joules};
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
+use quarry_storage::grace_join::in_memory_cost;
 use quarry_storage::{Calibration, LinkCodec, NodeDescription, NodeOp, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
 use datafusion::physical_expr::utils::collect_columns;
 
@@ -408,9 +409,9 @@ impl PlacementRule {
             .sum();
         let decode_ns = decode_ns(root, &self.host);
         // Work spread over the device's threads, and a join's, which is not: the node's Grace
-        // hash join produces one output partition, and it writes both inputs to its spill files
-        // and reads them back.
-        let (mut op_ns, mut join_ns) = (0.0, 0.0);
+        // hash join produces one output partition (and, when it spills, writes both inputs to
+        // its spill files and reads them back).
+        let (mut op_ns, mut join_ns, mut join_spills) = (0.0, 0.0, false);
         root.apply(|plan| {
             let input_rows = || plan.children().first().map_or(0.0, |c| rows(c));
             match NodeOp::of(plan.as_ref()) {
@@ -422,9 +423,15 @@ impl PlacementRule {
                     op_ns += input_rows() * op_ns_per_row(op, plan.as_ref(), &self.host)
                 }
                 Some(NodeOp::Join) => {
+                    // The Grace hash join spills both inputs only when its build side's join in
+                    // memory does not fit the device memory of the node it runs on.
                     let inputs = plan.children();
-                    let spilled: f64 = inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum();
+                    let (build_rows, build_bytes) = (rows(inputs[0]), rows(inputs[0]) * row_width(&inputs[0].schema()));
+                    let memory = partitions.iter().filter_map(|p| self.nodes.get(p.node.name())).map(|d| d.profile.memory()).min().unwrap_or(0);
+                    let spills = in_memory_cost(build_bytes as usize, build_rows as usize) as u64 > memory;
+                    let spilled: f64 = if spills { inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum() } else { 0.0 };
                     join_ns += inputs.iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row + 2.0 * spilled * self.host.spill_ns_per_byte;
+                    join_spills |= spills;
                 }
                 // The scan is priced by `decode_ns`; a fragment holds nothing else.
                 Some(NodeOp::Scan) | None => {}
@@ -462,7 +469,7 @@ impl PlacementRule {
                 let receive = if self.in_process.contains(*name) || passthrough { 0.0 } else { link_bytes * share * self.host.transfer_ns_per_byte / self.host_threads as f64 / 1e9 };
                 host_cpu_s += receive * self.host_threads as f64 + if passthrough { cpu_s } else { 0.0 };
                 let device_cpu_s = if passthrough { 0.0 } else { cpu_s };
-                let spilled = if join_ns > 0.0 { read_bytes * share } else { 0.0 };
+                let spilled = if join_spills { read_bytes * share } else { 0.0 };
                 devices.push((
                     name.to_string(),
                     DeviceWork { bytes_read: (read_bytes * share) as u64, bytes_written: spilled as u64, bytes_over_link: (link_bytes * share) as u64, cpu_s: device_cpu_s },

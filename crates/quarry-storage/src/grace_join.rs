@@ -222,7 +222,7 @@ const HASH_TABLE_BYTES_PER_ROW: usize = 32;
 
 /// Memory a hash join over `bytes` of build rows in `rows` rows takes: the rows, the copy
 /// DataFusion concatenates them into, and its hash table.
-fn in_memory_cost(bytes: usize, rows: usize) -> usize {
+pub fn in_memory_cost(bytes: usize, rows: usize) -> usize {
     2 * bytes + rows * HASH_TABLE_BYTES_PER_ROW
 }
 

@@ -66,8 +66,6 @@ use crate::star::{StarProbeExec, StarScanExec};
 use crate::verified_store::VerifiedStore;
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
 
-/// Default device memory when a profile sets none.
-const DEFAULT_DEVICE_MEMORY: u64 = 4 << 30;
 /// Default number of fragments admitted at once.
 const DEFAULT_MAX_SESSIONS: usize = 64;
 
@@ -157,7 +155,7 @@ impl LocalStorageNode {
     pub fn with_profile(warehouse: Warehouse, profile: DeviceProfile) -> Result<Self> {
         profile.validate().map_err(DataFusionError::Configuration)?;
         let threads = profile.threads();
-        let memory = profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY);
+        let memory = profile.memory();
         let mut config = SessionConfig::new().with_target_partitions(threads);
         let options = config.options_mut();
         // No late materialization in the Parquet decoder: arrow-rs decoding the other columns
@@ -398,7 +396,7 @@ impl LocalStorageNode {
             if NodeOp::of(plan.as_ref()) == Some(NodeOp::Join) {
                 let join = plan.downcast_ref::<HashJoinExec>().expect("NodeOp::Join is a HashJoinExec");
                 // The device's memory bounds it; the pool it reserves from decides its share.
-                let budget = self.profile.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY) as usize;
+                let budget = self.profile.memory() as usize;
                 let dir = self.warehouse.root().join(SPILL_DIR);
                 std::fs::create_dir_all(&dir).map_err(|e| DataFusionError::Execution(format!("creating {}: {e}", dir.display())))?;
                 return Ok(Arc::new(GraceHashJoinExec::try_from_hash_join(join, budget, dir)?));

@@ -110,11 +110,19 @@ impl DeviceProfile {
         Ok(())
     }
 
+    /// Memory the device's operators may use: the profile's, else 4 GiB.
+    pub fn memory(&self) -> u64 {
+        self.device_memory.unwrap_or(DEFAULT_DEVICE_MEMORY)
+    }
+
     /// Worker threads, defaulting to the machine's cores.
     pub fn threads(&self) -> usize {
         self.device_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 }
+
+/// A device's memory when its profile names none.
+const DEFAULT_DEVICE_MEMORY: u64 = 4 << 30;
 
 /// Parses a size such as `512MB`, `2GB`, `64KiB` or a plain byte count.
 pub fn parse_size(text: &str) -> Result<u64, String> {
