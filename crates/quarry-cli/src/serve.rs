@@ -98,8 +98,8 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
             return Err("--write-lease must be a positive number of seconds".into());
         }
         let write_lease = Duration::from_secs_f64(args.write_lease);
-        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure, write_lease };
-        let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)));
+        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure };
+        let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)).with_write_lease(write_lease));
         if let Some(path) = &args.io_trace {
             node.record_io_trace(path)?;
         }

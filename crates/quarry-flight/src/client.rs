@@ -9,17 +9,21 @@ use std::time::Duration;
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
+use arrow_flight::{Action, FlightDescriptor, Ticket};
 use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::error::{DataFusionError, Result};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::{Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
+use quarry_storage::{BeginWrite, Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::auth::TokenAttach;
-use crate::wire::{TableInfoWire, action, encode_ticket};
+use crate::wire::{CommitWrite, PutSegment, TableInfoWire, action, encode_ticket};
 
 type Client = FlightServiceClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -107,31 +111,17 @@ impl RemoteStorageNode {
         first.map(|r| r.body).ok_or_else(|| DataFusionError::Execution(format!("storage node {}: empty answer to {name}", self.url)))
     }
 
+    /// Calls an action whose answer is JSON.
+    pub async fn call<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
+        self.action_json(name, body).await
+    }
+
     async fn action_json<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
         let body = serde_json::to_vec(body).expect("request serializes");
         let answer = self.action(name, body).await?;
         serde_json::from_slice(&answer).map_err(|e| DataFusionError::Execution(format!("storage node {}: malformed answer to {name}: {e}", self.url)))
     }
 
-    /// Sends one segment of a write in progress.
-    pub async fn put_segment(&self, descriptor: Vec<u8>, data: impl futures::Stream<Item = FlightData> + Send + 'static) -> Result<()> {
-        let mut client = self.client.0.clone();
-        let mut first = true;
-        let data = data.map(move |mut message| {
-            if std::mem::take(&mut first) {
-                message.flight_descriptor = Some(FlightDescriptor::new_cmd(descriptor.clone()));
-            }
-            message
-        });
-        let mut response = client.do_put(data).await.map_err(|s| self.error(s))?.into_inner();
-        while response.message().await.map_err(|s| self.error(s))?.is_some() {}
-        Ok(())
-    }
-
-    /// Calls an action whose answer is JSON.
-    pub async fn call<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
-        self.action_json(name, body).await
-    }
 }
 
 fn source_text(e: &dyn std::error::Error) -> String {
@@ -191,6 +181,49 @@ impl StorageNode for RemoteStorageNode {
         }
         let mut received = received.freeze();
         Ok(read.ranges.iter().map(|r| received.split_to((r.end - r.start) as usize)).collect())
+    }
+
+    async fn begin_write(&self, request: BeginWrite) -> Result<String> {
+        self.action_json(action::BEGIN_WRITE, &request).await
+    }
+
+    async fn put_segment(&self, write: &str, schema: SchemaRef, batches: BoxStream<'static, Result<RecordBatch>>) -> Result<u64> {
+        let descriptor = serde_json::to_vec(&PutSegment { write: write.to_string() }).expect("request serializes");
+        // A batch the caller could not produce ends the upload; the node then has a segment
+        // cut short, which the error makes the caller abort.
+        let failed: Arc<Mutex<Option<DataFusionError>>> = Arc::default();
+        let slot = Arc::clone(&failed);
+        let data = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_flight_descriptor(Some(FlightDescriptor::new_cmd(descriptor)))
+            .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
+            .scan((), move |_, item| {
+                futures::future::ready(match item {
+                    Ok(data) => Some(data),
+                    Err(e) => {
+                        *slot.lock().expect("put lock") = Some(DataFusionError::Execution(format!("sending a segment: {e}")));
+                        None
+                    }
+                })
+            });
+        let mut client = self.client.0.clone();
+        let mut response = client.do_put(data).await.map_err(|s| self.error(s))?.into_inner();
+        let mut rows = 0;
+        while let Some(result) = response.message().await.map_err(|s| self.error(s))? {
+            rows = std::str::from_utf8(&result.app_metadata).ok().and_then(|text| text.parse().ok()).unwrap_or(rows);
+        }
+        match failed.lock().expect("put lock").take() {
+            Some(e) => Err(e),
+            None => Ok(rows),
+        }
+    }
+
+    async fn commit_write(&self, write: &str, properties: Vec<(String, String)>) -> Result<u64> {
+        self.action_json(action::COMMIT_WRITE, &CommitWrite { write: write.to_string(), properties }).await
+    }
+
+    async fn abort_write(&self, write: &str) -> Result<()> {
+        self.action_json::<bool>(action::ABORT_WRITE, &write).await.map(drop)
     }
 
     async fn execute(&self, fragment: Fragment) -> Result<ScanStream> {

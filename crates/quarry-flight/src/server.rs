@@ -10,10 +10,9 @@
 //!
 //! With a token, every call must carry `authorization: Bearer <token>`.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow::ipc::writer::IpcWriteOptions;
@@ -30,7 +29,6 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{LinkCodec, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
 use quarry_storage::graph_job::GraphJob;
-use quarry_table::{SegmentMeta, SegmentOptions, TableWriter, WriteMode};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -38,33 +36,15 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::TokenCheck;
 use crate::wire::{BeginWrite, CommitWrite, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket};
 
-/// The Flight service over a node.
+/// The Flight service over a node: it decodes requests and calls the node's `StorageNode`.
 pub struct NodeService {
     node: Arc<LocalStorageNode>,
-    writes: Mutex<HashMap<String, PendingWrite>>,
-    next_write: std::sync::atomic::AtomicU64,
-    write_lease: Duration,
-}
-
-/// A write transaction a host began: it holds the table's lock until committed, aborted, or
-/// its lease runs out (the host died or went away), whichever comes first.
-struct PendingWrite {
-    writer: Arc<TableWriter>,
-    segments: Vec<SegmentMeta>,
-    expires: Instant,
 }
 
 impl NodeService {
-    /// Serves `node`; a write not renewed (by a segment arriving) for `write_lease` is aborted.
-    pub fn new(node: Arc<LocalStorageNode>, write_lease: Duration) -> Self {
-        NodeService { node, writes: Mutex::new(HashMap::new()), next_write: Default::default(), write_lease }
-    }
-
-    /// Aborts the writes whose lease ran out and that no segment upload is using: dropping the
-    /// writer removes its segment files and releases the table's lock.
-    fn expire_writes(&self) {
-        let now = Instant::now();
-        self.writes.lock().expect("writes lock").retain(|_, w| w.expires > now || Arc::strong_count(&w.writer) > 1);
+    /// Serves `node`.
+    pub fn new(node: Arc<LocalStorageNode>) -> Self {
+        NodeService { node }
     }
 }
 
@@ -81,8 +61,6 @@ pub struct ServeOptions {
     pub tls: Option<TlsIdentity>,
     /// Serve plaintext beyond loopback (otherwise refused).
     pub insecure: bool,
-    /// How long a write transaction lives without a segment arriving before it is aborted.
-    pub write_lease: Duration,
 }
 
 /// A certificate chain and its private key, PEM-encoded.
@@ -138,16 +116,20 @@ pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready:
         None => "grpc",
     };
     on_ready(format!("{scheme}://{address}"), metrics_address);
-    let service = Arc::new(NodeService::new(node, options.write_lease));
-    let sweeper = Arc::downgrade(&service);
-    let sweep_every = (options.write_lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    // Writes whose host went away are aborted once their lease runs out, even if no other
+    // request comes.
+    let sweeper = Arc::downgrade(&node);
+    let sweep_every = (node.write_lease() / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     tokio::spawn(async move {
-        while let Some(service) = sweeper.upgrade() {
-            service.expire_writes();
-            drop(service);
+        while let Some(node) = sweeper.upgrade() {
+            if let Err(e) = node.expire_writes().await {
+                eprintln!("quarry: aborting expired writes: {e}");
+            }
+            drop(node);
             tokio::time::sleep(sweep_every).await;
         }
     });
+    let service = Arc::new(NodeService::new(node));
     let server = FlightServiceServer::from_arc(service).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
     let service = tonic::codegen::InterceptedService::new(server, TokenCheck::new(options.token));
     builder
@@ -289,26 +271,10 @@ impl FlightService for NodeService {
         let first = stream.message().await?.ok_or_else(|| Status::invalid_argument("empty do_put"))?;
         let descriptor = first.flight_descriptor.clone().ok_or_else(|| Status::invalid_argument("do_put needs a descriptor naming the write"))?;
         let put: PutSegment = parse(&descriptor.cmd, "put")?;
-        let writer = {
-            let mut writes = self.writes.lock().expect("writes lock");
-            let pending = writes.get_mut(&put.write).ok_or_else(|| Status::not_found(format!("no write '{}' in progress (aborted, or its lease ran out)", put.write)))?;
-            pending.expires = Instant::now() + self.write_lease;
-            Arc::clone(&pending.writer)
-        };
+        let schema = Arc::new(arrow::datatypes::Schema::try_from(&first).map_err(|e| Status::invalid_argument(format!("bad segment schema: {e}")))?);
         let data = futures::stream::once(async { Ok(first) }).chain(stream.map_err(FlightError::from));
-        let mut batches = FlightRecordBatchStream::new_from_flight_data(data);
-        let mut segment = writer.new_segment().map_err(|e| Status::internal(e.to_string()))?;
-        while let Some(batch) = batches.next().await {
-            let batch = batch.map_err(|e| Status::invalid_argument(format!("bad segment data: {e}")))?;
-            let batch = quarry_table::segment::conform_batch(&batch, writer.schema()).map_err(Status::invalid_argument)?;
-            segment.write(&batch).map_err(|e| Status::internal(e.to_string()))?;
-        }
-        let meta = segment.finish().map_err(|e| Status::internal(e.to_string()))?;
-        let rows = meta.rows;
-        let mut writes = self.writes.lock().expect("writes lock");
-        let pending = writes.get_mut(&put.write).ok_or_else(|| Status::aborted("the write was aborted"))?;
-        pending.segments.push(meta);
-        pending.expires = Instant::now() + self.write_lease;
+        let batches = FlightRecordBatchStream::new_from_flight_data(data).map_err(|e| DataFusionError::Plan(format!("bad segment data: {e}")));
+        let rows = self.node.put_segment(&put.write, schema, batches.boxed()).await.map_err(status)?;
         let result = PutResult { app_metadata: Bytes::from(rows.to_string()) };
         Ok(Response::new(futures::stream::once(async { Ok(result) }).boxed()))
     }
@@ -341,28 +307,14 @@ impl FlightService for NodeService {
                 let job: GraphJob = parse(body, "graph")?;
                 json(&self.node.run_graph_job(job).await.map_err(status)?)?
             }
-            action::BEGIN_WRITE => {
-                let begin: BeginWrite = parse(body, "begin_write")?;
-                let schema = begin.schema.to_arrow().map_err(Status::invalid_argument)?;
-                let mode = if begin.append { WriteMode::Append } else { WriteMode::Replace };
-                let options = SegmentOptions { bloom_filter_columns: begin.bloom_filter_columns, page_encoding: begin.page_encoding };
-                let writer =
-                    self.node.warehouse().begin_write(&begin.table, &schema, mode, options, begin.sort_key).map_err(|e| Status::failed_precondition(e.to_string()))?;
-                let id = format!("w{}", self.next_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-                let pending = PendingWrite { writer: Arc::new(writer), segments: Vec::new(), expires: Instant::now() + self.write_lease };
-                self.writes.lock().expect("writes lock").insert(id.clone(), pending);
-                json(&id)?
-            }
+            action::BEGIN_WRITE => json(&self.node.begin_write(parse::<BeginWrite>(body, "begin_write")?).await.map_err(status)?)?,
             action::COMMIT_WRITE => {
                 let commit: CommitWrite = parse(body, "commit_write")?;
-                let pending = self.writes.lock().expect("writes lock").remove(&commit.write).ok_or_else(|| Status::not_found("no such write (aborted, or its lease ran out)"))?;
-                let writer = Arc::try_unwrap(pending.writer).map_err(|_| Status::failed_precondition("a segment of this write is still being written"))?;
-                let manifest = writer.commit(pending.segments, commit.properties).map_err(|e| Status::internal(e.to_string()))?;
-                json(&manifest.version)?
+                json(&self.node.commit_write(&commit.write, commit.properties).await.map_err(status)?)?
             }
             action::ABORT_WRITE => {
                 let write: String = parse(body, "abort_write")?;
-                self.writes.lock().expect("writes lock").remove(&write);
+                self.node.abort_write(&write).await.map_err(status)?;
                 json(&true)?
             }
             other => return Err(Status::invalid_argument(format!("unknown action '{other}'"))),

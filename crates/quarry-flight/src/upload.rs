@@ -4,13 +4,13 @@
 //! still commits the table, empty, so every node knows every table's schema).
 
 use std::fs::File;
+use std::sync::Arc;
 
-use arrow_flight::utils::batches_to_flight_data;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use quarry_storage::{BeginWrite, StorageNode};
 use quarry_table::Warehouse;
 
 use crate::client::RemoteStorageNode;
-use crate::wire::{BeginWrite, CommitWrite, PutSegment, action};
 
 /// Sends `table` from `staging` to `nodes`, its first segment to node `first_node` (callers
 /// sending several tables continue the round-robin, so small tables do not all land on one
@@ -29,7 +29,7 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
     };
     let mut writes = Vec::with_capacity(nodes.len());
     for node in nodes {
-        match node.call::<String>(action::BEGIN_WRITE, &begin).await {
+        match node.begin_write(begin.clone()).await {
             Ok(id) => writes.push(id),
             Err(e) => {
                 abort(nodes, &writes).await;
@@ -48,9 +48,8 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
             let file = File::open(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.build()).map_err(|e| format!("reading {}: {e}", path.display()))?;
             let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("reading {}: {e}", path.display()))?;
-            let data = batches_to_flight_data(&snapshot.schema, batches).map_err(|e| e.to_string())?;
-            let descriptor = serde_json::to_vec(&PutSegment { write: writes[node].clone() }).expect("serializes");
-            nodes[node].put_segment(descriptor, futures::stream::iter(data)).await.map_err(|e| e.message().to_string())?;
+            let batches = futures::stream::iter(batches.into_iter().map(Ok));
+            nodes[node].put_segment(&writes[node], Arc::clone(&snapshot.schema), Box::pin(batches)).await.map_err(|e| e.message().to_string())?;
         }
         Ok::<(), String>(())
     }
@@ -61,8 +60,7 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
     }
     let properties: Vec<(String, String)> = manifest.properties.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     for (i, (node, write)) in nodes.iter().zip(&writes).enumerate() {
-        let commit = CommitWrite { write: write.clone(), properties: properties.clone() };
-        if let Err(e) = node.call::<u64>(action::COMMIT_WRITE, &commit).await {
+        if let Err(e) = node.commit_write(write, properties.clone()).await {
             abort(&nodes[i + 1..], &writes[i + 1..]).await;
             return Err(format!("{} ({i} of {} nodes had committed their share of '{table}')", e.message(), nodes.len()));
         }
@@ -72,6 +70,6 @@ pub async fn upload_table(staging: &Warehouse, table: &str, nodes: &[RemoteStora
 
 async fn abort(nodes: &[RemoteStorageNode], writes: &[String]) {
     for (node, write) in nodes.iter().zip(writes) {
-        let _ = node.call::<bool>(action::ABORT_WRITE, write).await;
+        let _ = node.abort_write(write).await;
     }
 }

@@ -10,8 +10,8 @@ use arrow_flight::{SchemaAsIpc, SchemaResult};
 use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
+pub use quarry_storage::BeginWrite;
 use quarry_storage::{Fragment, LinkCodec, SegmentColumn, SegmentInfo, TableInfo};
-use quarry_table::manifest::TableSchema;
 use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
 
@@ -185,24 +185,6 @@ impl TableInfoWire {
             page_encoding: self.page_encoding,
         })
     }
-}
-
-/// Starts writing a table on a node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BeginWrite {
-    /// Table name.
-    pub table: String,
-    /// Its columns.
-    pub schema: TableSchema,
-    /// Replace the table (or append to it).
-    pub append: bool,
-    /// Columns that get Bloom filters.
-    pub bloom_filter_columns: Vec<String>,
-    /// Sort key columns.
-    pub sort_key: Vec<String>,
-    /// How the node writes the table's data pages.
-    #[serde(default)]
-    pub page_encoding: PageEncoding,
 }
 
 /// Commits a write on a node.

@@ -49,7 +49,7 @@ fn warehouse(dir: &std::path::Path) -> (Warehouse, String) {
 async fn start_node(warehouse: Warehouse) -> String {
     let node = Arc::new(LocalStorageNode::new(warehouse));
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None, tls: None, insecure: false, write_lease: std::time::Duration::from_secs(60) };
+    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: Some(TOKEN.into()), metrics_listen: None, tls: None, insecure: false };
     tokio::spawn(serve(node, options, move |url, _| {
         let _ = tx.send(url);
     }));
@@ -376,7 +376,7 @@ mod fuzz {
         let dir = tempfile::tempdir().unwrap();
         let (warehouse, segment) = super::warehouse(dir.path());
         let manifest = warehouse.table("t").unwrap().manifest;
-        let service = NodeService::new(Arc::new(LocalStorageNode::new(warehouse)), Duration::from_secs(60));
+        let service = NodeService::new(Arc::new(LocalStorageNode::new(warehouse)));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
             serde_json::to_vec(value).unwrap()

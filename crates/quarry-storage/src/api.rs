@@ -384,6 +384,37 @@ pub trait StorageNode: Debug + Send + Sync {
     /// Reads every segment of every retained version of `tables` (all if empty) and checks it
     /// against its recorded checksums, at the device's read bandwidth.
     async fn scrub(&self, tables: Vec<String>) -> Result<quarry_table::ScrubReport>;
+    /// Begins a write transaction on a table: its segments go to [`StorageNode::put_segment`],
+    /// then [`StorageNode::commit_write`] publishes them as one version. The table stays locked
+    /// until then, or [`StorageNode::abort_write`], or until the node's write lease runs out with
+    /// no segment arriving (a host that died): then the write is aborted and nothing changes.
+    /// Returns the write's id.
+    async fn begin_write(&self, request: BeginWrite) -> Result<String>;
+    /// Writes one segment of a write in progress from `batches` (of `schema`, conformed to the
+    /// table's), renewing the write's lease; returns its rows.
+    async fn put_segment(&self, write: &str, schema: SchemaRef, batches: BoxStream<'static, Result<RecordBatch>>) -> Result<u64>;
+    /// Commits a write with the table properties to record; returns the new version.
+    async fn commit_write(&self, write: &str, properties: Vec<(String, String)>) -> Result<u64>;
+    /// Aborts a write: its segment files are removed and the table's lock released.
+    async fn abort_write(&self, write: &str) -> Result<()>;
+}
+
+/// What a host asks to begin writing a table on a node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BeginWrite {
+    /// Table name.
+    pub table: String,
+    /// Its columns.
+    pub schema: quarry_table::manifest::TableSchema,
+    /// Replace the table (or append to it).
+    pub append: bool,
+    /// Columns that get Bloom filters.
+    pub bloom_filter_columns: Vec<String>,
+    /// Sort key columns.
+    pub sort_key: Vec<String>,
+    /// How the node writes the table's data pages.
+    #[serde(default)]
+    pub page_encoding: PageEncoding,
 }
 
 /// Bytes of a batch's Arrow buffers as it would cross a link: the bytes its (possibly sliced)

@@ -45,15 +45,17 @@ use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use datafusion::prelude::SessionConfig;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use quarry_graph::Cancel;
-use quarry_table::{PageEncoding, ScrubReport, SegmentMeta, TableSnapshot, Warehouse};
+use quarry_table::segment::conform_batch;
+use quarry_table::{PageEncoding, ScrubReport, SegmentMeta, SegmentOptions, TableSnapshot, TableWriter, Warehouse, WriteMode};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::api::{Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+use crate::api::{BeginWrite, Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
@@ -88,6 +90,33 @@ pub struct LocalStorageNode {
     /// Segments that passthrough reads found in their version's manifest: their file and size
     /// (segments never change once committed, so a read need not parse the manifest again).
     stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
+    /// Write transactions hosts began, by id.
+    writes: std::sync::Mutex<HashMap<String, PendingWrite>>,
+    next_write: AtomicU64,
+    write_lease: Duration,
+}
+
+/// A write transaction a host began: it holds the table's lock until committed, aborted, or
+/// its lease runs out (the host died or went away), whichever comes first.
+struct PendingWrite {
+    writer: Arc<TableWriter>,
+    segments: Vec<SegmentMeta>,
+    expires: Instant,
+}
+
+impl std::fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingWrite").field("segments", &self.segments.len()).field("expires", &self.expires).finish()
+    }
+}
+
+/// How long a write lives without a segment arriving, unless the node is told otherwise.
+const DEFAULT_WRITE_LEASE: Duration = Duration::from_secs(60);
+
+/// Runs blocking file work (segment writes and their fsyncs, commits, aborts) on a blocking
+/// thread, off the async workers that serve other requests.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> std::result::Result<T, String> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| DataFusionError::Execution(format!("a write failed: {e}")))?.map_err(DataFusionError::Execution)
 }
 
 /// A segment file's path in the object store: the one form every reader and the checksum
@@ -186,6 +215,9 @@ impl LocalStorageNode {
             sessions: Arc::new(Semaphore::new(profile.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS))),
             counters: Arc::new(NodeCounters::default()),
             stored_segments: Default::default(),
+            writes: Default::default(),
+            next_write: AtomicU64::new(0),
+            write_lease: DEFAULT_WRITE_LEASE,
             warehouse,
             state,
             profile,
@@ -193,6 +225,40 @@ impl LocalStorageNode {
             store,
             verified,
         })
+    }
+
+    /// Aborts a write that no segment renewed for `lease`.
+    pub fn with_write_lease(mut self, lease: Duration) -> Self {
+        self.write_lease = lease;
+        self
+    }
+
+    /// How long a write lives without a segment arriving.
+    pub fn write_lease(&self) -> Duration {
+        self.write_lease
+    }
+
+    /// Aborts the writes whose lease ran out and that no segment upload is using: dropping the
+    /// writer removes its segment files and releases the table's lock.
+    pub async fn expire_writes(&self) -> Result<()> {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        self.writes.lock().expect("writes lock").retain(|_, w| {
+            let live = w.expires > now || Arc::strong_count(&w.writer) > 1;
+            if !live {
+                expired.push(Arc::clone(&w.writer));
+            }
+            live
+        });
+        if expired.is_empty() { Ok(()) } else { blocking(move || Ok(drop(expired))).await }
+    }
+
+    /// The writer of a write in progress, its lease renewed.
+    fn renew(&self, write: &str) -> Result<Arc<TableWriter>> {
+        let mut writes = self.writes.lock().expect("writes lock");
+        let pending = writes.get_mut(write).ok_or_else(|| DataFusionError::Execution(format!("no write '{write}' in progress (aborted, or its lease ran out)")))?;
+        pending.expires = Instant::now() + self.write_lease;
+        Ok(Arc::clone(&pending.writer))
     }
 
     /// Names the node (its listen address) in messages and metrics.
@@ -617,6 +683,51 @@ impl StorageNode for LocalStorageNode {
     async fn scrub(&self, tables: Vec<String>) -> Result<ScrubReport> {
         let limit = self.profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
         scrub_paced(self.warehouse.clone(), tables, limit, Arc::clone(&self.counters)).await
+    }
+
+    async fn begin_write(&self, request: BeginWrite) -> Result<String> {
+        self.expire_writes().await?;
+        let schema = Arc::new(request.schema.to_arrow().map_err(DataFusionError::Plan)?);
+        let mode = if request.append { WriteMode::Append } else { WriteMode::Replace };
+        let options = SegmentOptions { bloom_filter_columns: request.bloom_filter_columns, page_encoding: request.page_encoding };
+        let (warehouse, table, sort_key) = (self.warehouse.clone(), request.table, request.sort_key);
+        let writer = blocking(move || warehouse.begin_write(&table, &schema, mode, options, sort_key).map_err(|e| e.to_string())).await?;
+        let id = format!("w{}", self.next_write.fetch_add(1, Ordering::Relaxed));
+        let pending = PendingWrite { writer: Arc::new(writer), segments: Vec::new(), expires: Instant::now() + self.write_lease };
+        self.writes.lock().expect("writes lock").insert(id.clone(), pending);
+        Ok(id)
+    }
+
+    async fn put_segment(&self, write: &str, _schema: SchemaRef, mut batches: BoxStream<'static, Result<RecordBatch>>) -> Result<u64> {
+        let writer = self.renew(write)?;
+        let opened = Arc::clone(&writer);
+        let mut segment = blocking(move || opened.new_segment().map_err(|e| e.to_string())).await?;
+        while let Some(batch) = batches.next().await {
+            let batch = conform_batch(&batch?, writer.schema()).map_err(DataFusionError::Plan)?;
+            segment = blocking(move || segment.write(&batch).map(|()| segment).map_err(|e| e.to_string())).await?;
+        }
+        let meta = blocking(move || segment.finish().map_err(|e| e.to_string())).await?;
+        let rows = meta.rows;
+        let mut writes = self.writes.lock().expect("writes lock");
+        let pending = writes.get_mut(write).ok_or_else(|| DataFusionError::Execution(format!("the write '{write}' was aborted")))?;
+        pending.segments.push(meta);
+        pending.expires = Instant::now() + self.write_lease;
+        Ok(rows)
+    }
+
+    async fn commit_write(&self, write: &str, properties: Vec<(String, String)>) -> Result<u64> {
+        let pending = self.writes.lock().expect("writes lock").remove(write);
+        let pending = pending.ok_or_else(|| DataFusionError::Execution(format!("no write '{write}' in progress (aborted, or its lease ran out)")))?;
+        let writer = Arc::try_unwrap(pending.writer).map_err(|_| DataFusionError::Execution("a segment of this write is still being written".into()))?;
+        let segments = pending.segments;
+        let manifest = blocking(move || writer.commit(segments, properties).map_err(|e| e.to_string())).await?;
+        Ok(manifest.version)
+    }
+
+    async fn abort_write(&self, write: &str) -> Result<()> {
+        let pending = self.writes.lock().expect("writes lock").remove(write);
+        // Dropping the writer removes its files: on a blocking thread too.
+        blocking(move || Ok(drop(pending))).await
     }
 
     async fn describe(&self) -> Result<NodeDescription> {

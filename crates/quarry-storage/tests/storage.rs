@@ -335,3 +335,51 @@ fn segment_reads_split_to_the_limit_and_join_back() {
     let short = SegmentRead::join(&ranges, vec![bytes::Bytes::from(vec![0u8; 250]), bytes::Bytes::from(vec![0u8; 5])]).unwrap_err();
     assert!(short.contains("got 5 bytes for range 300..310"), "{short}");
 }
+
+/// Writes go through the `StorageNode` seam: a write commits as one version, an aborted one
+/// and one whose lease ran out change nothing and leave the table unlocked.
+#[tokio::test]
+async fn writes_behind_the_storage_node_commit_abort_and_expire() {
+    use quarry_storage::{BeginWrite, LocalStorageNode, StorageNode};
+    use quarry_table::manifest::TableSchema;
+
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = quarry_table::Warehouse::open(dir.path()).unwrap();
+    let node = LocalStorageNode::new(warehouse).with_write_lease(std::time::Duration::from_millis(200));
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let begin = BeginWrite {
+        table: "t".into(),
+        schema: TableSchema::from_arrow(&schema),
+        append: true,
+        bloom_filter_columns: Vec::new(),
+        sort_key: Vec::new(),
+        page_encoding: Default::default(),
+    };
+    let batch = |from: i64| RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from_iter_values(from..from + 100))]).unwrap();
+    let put = |write: String, from: i64| {
+        let (node, schema) = (&node, Arc::clone(&schema));
+        async move { node.put_segment(&write, schema, Box::pin(futures::stream::iter([Ok(batch(from))]))).await }
+    };
+
+    let write = node.begin_write(begin.clone()).await.unwrap();
+    assert_eq!(put(write.clone(), 0).await.unwrap(), 100);
+    let version = node.commit_write(&write, Vec::new()).await.unwrap();
+    assert_eq!(node.table_info("t").await.unwrap().total_rows(), 100);
+
+    // Aborted: nothing changes, and the table can be written again at once.
+    let write = node.begin_write(begin.clone()).await.unwrap();
+    put(write.clone(), 100).await.unwrap();
+    node.abort_write(&write).await.unwrap();
+    assert_eq!(node.table_info("t").await.unwrap().version, version);
+
+    // A host that went away: its write expires with its lease, and the next one proceeds.
+    let abandoned = node.begin_write(begin.clone()).await.unwrap();
+    put(abandoned.clone(), 200).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let write = node.begin_write(begin.clone()).await.unwrap();
+    assert!(node.commit_write(&abandoned, Vec::new()).await.unwrap_err().to_string().contains("lease ran out"));
+    put(write.clone(), 300).await.unwrap();
+    node.commit_write(&write, Vec::new()).await.unwrap();
+    let info = node.table_info("t").await.unwrap();
+    assert_eq!((info.version, info.total_rows()), (version + 1, 200));
+}
