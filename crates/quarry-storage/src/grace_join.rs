@@ -47,6 +47,8 @@ use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use datafusion::physical_plan::{SendableRecordBatchStream, StatisticsArgs, StatisticsContext, apply_expression_roots};
 use futures::stream::BoxStream;
+
+use crate::blocking::blocking;
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 
 /// How many times a build partition that is still over the budget is split again; past that
@@ -244,11 +246,6 @@ fn unaccounted(ctx: &TaskContext) -> Result<Arc<TaskContext>> {
     ))
 }
 
-/// Runs blocking file I/O on a blocking thread, off the device's workers.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| exec_datafusion_err!("GraceHashJoinExec: spill I/O failed: {e}"))?
-}
-
 /// The partition count for build rows whose join in memory would cost `cost` bytes
 /// ([`in_memory_cost`]): partitions of about half the budget.
 fn fanout_for(cost: Option<usize>, budget: usize) -> usize {
@@ -404,10 +401,10 @@ impl JoinRun {
         let mut router = Router { schema, keys, hash, paths, buffers, writers, rows: vec![0; fanout], reservation, buffer_limit };
         while let Some(batch) = input.next().await {
             if router.push(&batch?)? {
-                router = blocking(move || router.flush().map(|()| router)).await?;
+                router = blocking("GraceHashJoinExec spill I/O", move || router.flush().map(|()| router)).await?;
             }
         }
-        let files = blocking(move || router.finish()).await?;
+        let files = blocking("GraceHashJoinExec spill I/O", move || router.finish()).await?;
         self.metrics.spilled_bytes.add(files.iter().flatten().map(|file| file.bytes).sum());
         Ok(files)
     }
@@ -526,7 +523,7 @@ async fn load_build(reservation: &MemoryReservation, budget: usize, pair: &Parti
         return Ok(Load::Refused);
     }
     let file = pair.build.clone();
-    let batches: Vec<RecordBatch> = blocking(move || read_spill(file.as_ref())?.collect()).await?;
+    let batches: Vec<RecordBatch> = blocking("GraceHashJoinExec spill I/O", move || read_spill(file.as_ref())?.collect()).await?;
     let bytes = batches.iter().map(get_record_batch_memory_size).sum();
     let cost = in_memory_cost(bytes, rows);
     if cost > budget {

@@ -7,6 +7,7 @@
 //! serves the same trait over the network, so the host's code path is the same either way.
 
 pub mod api;
+pub mod blocking;
 pub mod catalog;
 pub mod fragment;
 pub mod grace_join;

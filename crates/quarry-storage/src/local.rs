@@ -59,6 +59,7 @@ use crate::api::{BeginWrite, Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, S
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
+use crate::blocking::blocking;
 use crate::grace_join::GraceHashJoinExec;
 use crate::node_ops::NodeOp;
 use crate::graph_job::{GraphHome, GraphJob, GraphJobOutput, run_graph_job};
@@ -110,14 +111,13 @@ impl std::fmt::Debug for PendingWrite {
     }
 }
 
+/// A table-layer error of a write, in its own words.
+fn table_write_error(e: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Execution(e.to_string())
+}
+
 /// How long a write lives without a segment arriving, unless the node is told otherwise.
 const DEFAULT_WRITE_LEASE: Duration = Duration::from_secs(60);
-
-/// Runs blocking file work (segment writes and their fsyncs, commits, aborts) on a blocking
-/// thread, off the async workers that serve other requests.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> std::result::Result<T, String> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| DataFusionError::Execution(format!("a write failed: {e}")))?.map_err(DataFusionError::Execution)
-}
 
 /// A segment file's path in the object store: the one form every reader and the checksum
 /// registry use (DataFusion's listing scan names local files the same way).
@@ -250,7 +250,7 @@ impl LocalStorageNode {
             }
             live
         });
-        if expired.is_empty() { Ok(()) } else { blocking(move || Ok(drop(expired))).await }
+        if expired.is_empty() { Ok(()) } else { blocking("aborting expired writes", move || Ok(drop(expired))).await }
     }
 
     /// The writer of a write in progress, its lease renewed.
@@ -691,7 +691,7 @@ impl StorageNode for LocalStorageNode {
         let mode = if request.append { WriteMode::Append } else { WriteMode::Replace };
         let options = SegmentOptions { bloom_filter_columns: request.bloom_filter_columns, page_encoding: request.page_encoding };
         let (warehouse, table, sort_key) = (self.warehouse.clone(), request.table, request.sort_key);
-        let writer = blocking(move || warehouse.begin_write(&table, &schema, mode, options, sort_key).map_err(|e| e.to_string())).await?;
+        let writer = blocking("beginning a write", move || warehouse.begin_write(&table, &schema, mode, options, sort_key).map_err(table_write_error)).await?;
         let id = format!("w{}", self.next_write.fetch_add(1, Ordering::Relaxed));
         let pending = PendingWrite { writer: Arc::new(writer), segments: Vec::new(), expires: Instant::now() + self.write_lease };
         self.writes.lock().expect("writes lock").insert(id.clone(), pending);
@@ -701,12 +701,12 @@ impl StorageNode for LocalStorageNode {
     async fn put_segment(&self, write: &str, _schema: SchemaRef, mut batches: BoxStream<'static, Result<RecordBatch>>) -> Result<u64> {
         let writer = self.renew(write)?;
         let opened = Arc::clone(&writer);
-        let mut segment = blocking(move || opened.new_segment().map_err(|e| e.to_string())).await?;
+        let mut segment = blocking("writing a segment", move || opened.new_segment().map_err(table_write_error)).await?;
         while let Some(batch) = batches.next().await {
             let batch = conform_batch(&batch?, writer.schema()).map_err(DataFusionError::Plan)?;
-            segment = blocking(move || segment.write(&batch).map(|()| segment).map_err(|e| e.to_string())).await?;
+            segment = blocking("writing a segment", move || segment.write(&batch).map(|()| segment).map_err(table_write_error)).await?;
         }
-        let meta = blocking(move || segment.finish().map_err(|e| e.to_string())).await?;
+        let meta = blocking("writing a segment", move || segment.finish().map_err(table_write_error)).await?;
         let rows = meta.rows;
         let mut writes = self.writes.lock().expect("writes lock");
         let pending = writes.get_mut(write).ok_or_else(|| DataFusionError::Execution(format!("the write '{write}' was aborted")))?;
@@ -720,14 +720,14 @@ impl StorageNode for LocalStorageNode {
         let pending = pending.ok_or_else(|| DataFusionError::Execution(format!("no write '{write}' in progress (aborted, or its lease ran out)")))?;
         let writer = Arc::try_unwrap(pending.writer).map_err(|_| DataFusionError::Execution("a segment of this write is still being written".into()))?;
         let segments = pending.segments;
-        let manifest = blocking(move || writer.commit(segments, properties).map_err(|e| e.to_string())).await?;
+        let manifest = blocking("committing a write", move || writer.commit(segments, properties).map_err(table_write_error)).await?;
         Ok(manifest.version)
     }
 
     async fn abort_write(&self, write: &str) -> Result<()> {
         let pending = self.writes.lock().expect("writes lock").remove(write);
         // Dropping the writer removes its files: on a blocking thread too.
-        blocking(move || Ok(drop(pending))).await
+        blocking("aborting a write", move || Ok(drop(pending))).await
     }
 
     async fn describe(&self) -> Result<NodeDescription> {
