@@ -33,6 +33,7 @@ use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_model::energy::{DeviceWork, Energy, HostPower, Work, joules};
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
+use quarry_storage::admission::weighted_demand;
 use quarry_storage::grace_join::in_memory_cost;
 use quarry_storage::{Calibration, LinkCodec, NodeDescription, NodeOp, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
 use datafusion::physical_expr::utils::collect_columns;
@@ -399,6 +400,43 @@ impl PlacementRule {
             .data)
     }
 
+    /// A fragment partition's weighted memory demand (Hetero-DB's eq. (2), quarry-storage
+    /// `admission.rs`): each node operator's memory weighted by its predicted share of the
+    /// time, with the rows [`rows`] estimates spread evenly over the partitions. Memory: a
+    /// scan's batches in flight (two), a filter's, projection's or star probe's batch, a partial
+    /// aggregate's groups (its output, twice: hash table and states), a top-k's rows, a join's
+    /// build side in memory ([`in_memory_cost`]).
+    fn demand(&self, fragment: &FragmentExec) -> u64 {
+        let share = 1.0 / fragment.partitions().len().max(1) as f64;
+        let batch_rows = self.decode_ctx.session_config().batch_size() as f64;
+        let mut operators = Vec::new();
+        fragment
+            .root()
+            .apply(|plan| {
+                let width = row_width(&plan.schema());
+                let input_rows = plan.children().iter().map(|c| rows(c)).sum::<f64>() * share;
+                let output_bytes = rows(plan) * share * width;
+                let (ns, bytes) = match NodeOp::of(plan.as_ref()) {
+                    Some(NodeOp::Scan) => (output_bytes * self.host.decode_ns_per_byte, 2.0 * batch_rows * width),
+                    Some(op @ (NodeOp::Filter | NodeOp::Projection)) => (input_rows * op_ns_per_row(op, plan.as_ref(), &self.host), batch_rows * width),
+                    Some(NodeOp::StarProbe) => (input_rows * self.host.star_scan_ns_per_row, batch_rows * width),
+                    Some(op @ NodeOp::PartialAggregate) => (input_rows * op_ns_per_row(op, plan.as_ref(), &self.host), 2.0 * output_bytes),
+                    Some(op @ NodeOp::TopK) => (input_rows * op_ns_per_row(op, plan.as_ref(), &self.host), output_bytes),
+                    Some(NodeOp::Join) => {
+                        let build = plan.children()[0];
+                        let build_rows = rows(build) * share;
+                        let memory = in_memory_cost((build_rows * row_width(&build.schema())) as usize, build_rows as usize);
+                        (input_rows * self.host.join_ns_per_row, memory as f64)
+                    }
+                    None => return Ok(TreeNodeRecursion::Continue),
+                };
+                operators.push((ns, bytes as u64));
+                Ok(TreeNodeRecursion::Continue)
+            })
+            .expect("visiting a plan cannot fail");
+        weighted_demand(&operators)
+    }
+
     /// Predicted time of running `root` on the partitions' nodes: per node, the slowest of
     /// reading, computing and sending its share; nodes run in parallel.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
@@ -508,6 +546,13 @@ impl PhysicalOptimizerRule for PlacementRule {
                     LinkCodec::None => Ok(Transformed::no(node)),
                     codec => Ok(Transformed::yes(Arc::new(fragment.with_link_codec(codec)?) as Arc<dyn ExecutionPlan>)),
                 },
+                _ => Ok(Transformed::no(node)),
+            })?
+            .data;
+        // Each pushed-down fragment's weighted memory demand, for its node's admission.
+        let plan = plan
+            .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
+                Some(fragment) if !fragment.is_passthrough() => Ok(Transformed::yes(Arc::new(fragment.with_demand(self.demand(fragment))?) as Arc<dyn ExecutionPlan>)),
                 _ => Ok(Transformed::no(node)),
             })?
             .data;

@@ -100,6 +100,9 @@ pub struct FragmentExec {
     pruning_filters: Vec<Arc<dyn PhysicalExpr>>,
     /// How the node compresses the batches it sends (the placement rule's choice).
     link_codec: LinkCodec,
+    /// Each partition's weighted memory demand on its node, bytes (the placement rule's
+    /// estimate; the node admits the partition when it fits).
+    demand: u64,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     /// The nodes' closing statistics, by node name.
@@ -136,6 +139,7 @@ impl FragmentExec {
             key_sets: Vec::new(),
             pruning_filters: Vec::new(),
             link_codec: LinkCodec::None,
+            demand: 0,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(BTreeMap::new())),
@@ -212,6 +216,7 @@ impl FragmentExec {
         fragment.join_filters = self.join_filters.clone();
         fragment.key_sets = self.key_sets.clone();
         fragment.link_codec = self.link_codec;
+        fragment.demand = self.demand;
         fragment.prediction = self.prediction;
         if fragment.is_passthrough() {
             fragment.pruning_filters = self.pruning_filters.clone();
@@ -246,6 +251,14 @@ impl FragmentExec {
     pub fn with_link_codec(&self, codec: LinkCodec) -> Result<Self> {
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
         fragment.link_codec = codec;
+        Ok(fragment)
+    }
+
+    /// The same fragment, each partition asking its node for `demand` bytes of weighted memory
+    /// demand.
+    pub fn with_demand(&self, demand: u64) -> Result<Self> {
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
+        fragment.demand = demand;
         Ok(fragment)
     }
 
@@ -384,6 +397,9 @@ impl DisplayAs for FragmentExec {
         if self.link_codec != LinkCodec::None {
             write!(f, ", link codec={}", self.link_codec.name())?;
         }
+        if self.demand > 0 {
+            write!(f, ", memory demand={:.1} MB", self.demand as f64 / 1e6)?;
+        }
         if let Some(column) = &self.ascending {
             write!(f, ", partitions in order of {column}")?;
         }
@@ -467,7 +483,7 @@ impl ExecutionPlan for FragmentExec {
             _ => None,
         };
         let stored_schema = Arc::clone(&schema);
-        let link_codec = self.link_codec;
+        let (link_codec, demand) = (self.link_codec, self.demand);
         let response = futures::stream::once(async move {
             // Decided and encoded at the first poll, not in `execute`: a join filter is
             // complete only once the join has built its hash table, which it does before it
@@ -481,6 +497,7 @@ impl ExecutionPlan for FragmentExec {
                 _ => {
                     let mut encoded = encode_fragment(fragment)?;
                     encoded.link_codec = link_codec;
+                    encoded.demand = demand;
                     node.execute(encoded).await?
                 }
             };

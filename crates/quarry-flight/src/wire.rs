@@ -43,21 +43,24 @@ const TICKET_MARK: u8 = b'Q';
 
 /// A fragment as a `do_get` ticket: the mark, the link codec's tag, then the encoded plan.
 pub fn encode_ticket(fragment: &Fragment) -> bytes::Bytes {
-    let mut ticket = Vec::with_capacity(fragment.plan.len() + 2);
+    let mut ticket = Vec::with_capacity(fragment.plan.len() + TICKET_HEADER);
     ticket.extend_from_slice(&[TICKET_MARK, fragment.link_codec.tag()]);
+    ticket.extend_from_slice(&fragment.demand.to_le_bytes());
     ticket.extend_from_slice(&fragment.plan);
     ticket.into()
 }
 
+/// A ticket's bytes before the plan: the mark, the link codec's tag, the demand (u64, LE).
+const TICKET_HEADER: usize = 10;
+
 /// The fragment a `do_get` ticket carries.
 pub fn decode_ticket(ticket: bytes::Bytes) -> std::result::Result<Fragment, String> {
-    match ticket.get(..2) {
-        Some(&[TICKET_MARK, tag]) => match LinkCodec::from_tag(tag) {
-            Some(link_codec) => Ok(Fragment { plan: ticket.slice(2..), link_codec }),
-            None => Err(format!("the fragment ticket asks for link codec {tag}, which this node does not know")),
-        },
-        _ => Err("the ticket is not a Quarry fragment".to_string()),
-    }
+    let (Some(&[TICKET_MARK, tag]), Some(demand)) = (ticket.get(..2), ticket.get(2..TICKET_HEADER)) else {
+        return Err("the ticket is not a Quarry fragment".to_string());
+    };
+    let link_codec = LinkCodec::from_tag(tag).ok_or_else(|| format!("the fragment ticket asks for link codec {tag}, which this node does not know"))?;
+    let demand = u64::from_le_bytes(demand.try_into().expect("eight bytes"));
+    Ok(Fragment { plan: ticket.slice(TICKET_HEADER..), link_codec, demand })
 }
 
 /// The most bytes one result of `read_segment` carries (well under gRPC's 4 MiB default

@@ -129,7 +129,7 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
     }
     // Bytes that are no plan.
     for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {
-        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage), link_codec: LinkCodec::None }).await.unwrap_err().to_string();
+        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage), link_codec: LinkCodec::None, demand: 0 }).await.unwrap_err().to_string();
         assert!(error.contains("fragment rejected: the plan does not decode"), "{garbage:?}: {error}");
         assert!(!error.contains("bug report") && !error.contains('\n'), "one line in Quarry's words: {error}");
     }
@@ -240,7 +240,7 @@ async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
 
     let channel = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://")).unwrap().connect().await.unwrap();
     let mut client = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
-    let mut request = tonic::Request::new(arrow_flight::Ticket { ticket: bytes::Bytes::from_static(b"Q\x07plan") });
+    let mut request = tonic::Request::new(arrow_flight::Ticket { ticket: bytes::Bytes::from_static(b"Q\x07\0\0\0\0\0\0\0\0plan") });
     request.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
     let error = client.do_get(request).await.unwrap_err();
     assert!(error.message().contains("link codec 7"), "{error}");

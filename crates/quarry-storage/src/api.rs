@@ -108,6 +108,9 @@ pub struct Fragment {
     /// How the node's transport compresses the batches it sends (the host's cost model picks
     /// it; a node in the host's process hands batches over in memory and ignores it).
     pub link_codec: LinkCodec,
+    /// The host's estimate of the fragment's weighted memory demand (Hetero-DB's eq. (2),
+    /// `admission.rs`), bytes: the node admits it when it fits beside the work it runs.
+    pub demand: u64,
 }
 
 /// Compression of the Arrow IPC a node sends over the link: Arrow's own buffer compression,
@@ -319,7 +322,8 @@ scan_counters! {
     link_wait_ns: LINK_WAIT_NS = "link_wait_ns";
     /// Bytes spilled to the node's local files (Grace hash join partitions).
     spilled_bytes: SPILLED_BYTES = "spilled_bytes";
-    /// Time the fragment waited for admission (a free session slot), nanoseconds.
+    /// Time the fragment waited for admission (a session slot and room for its memory
+    /// demand), nanoseconds.
     queued_ns: QUEUED_NS = "queued_ns";
 }
 

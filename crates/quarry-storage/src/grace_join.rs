@@ -54,6 +54,8 @@ use futures::{Stream, StreamExt, TryStreamExt, stream};
 /// How many times a build partition that is still over the budget is split again; past that
 /// its rows share too few keys to split (skew) and the join fails rather than exceed the budget.
 const MAX_DEPTH: u32 = 3;
+/// How long a partition the memory pool refuses waits for memory before the join fails.
+const MEMORY_PATIENCE: Duration = Duration::from_secs(30);
 /// Partition counts per pass: at least two (else nothing is split), at most 256 open files; 16
 /// when the build side's size is unknown.
 const MIN_FANOUT: usize = 2;
@@ -463,13 +465,21 @@ impl JoinRun {
             return Ok(());
         }
         // A partition the pool refuses (concurrent work holds its memory) is split while that
-        // is allowed, then waits for the memory: it holds none while it waits, and what others
-        // hold they return when they finish.
-        let mut pause = Duration::from_millis(2);
+        // is allowed, then waits for the memory, holding none: what others hold they return
+        // when they finish. Not forever: they may be waiting for this join's output (a host
+        // operator that reads it first), so past `MEMORY_PATIENCE` the join fails.
+        let (mut pause, deadline) = (Duration::from_millis(2), tokio::time::Instant::now() + MEMORY_PATIENCE);
         let (batches, bytes) = loop {
             match load_build(&self.reservation, self.budget, &pair).await? {
                 Load::Loaded(batches, bytes) => break (batches, bytes),
                 Load::Refused if pair.depth >= MAX_DEPTH => {
+                    if tokio::time::Instant::now() >= deadline {
+                        let bytes = pair.build.as_ref().map_or(0, |file| file.bytes);
+                        return resources_err!(
+                            "GraceHashJoinExec: the node's memory pool did not grant a build partition of {bytes} bytes within {} s (concurrent work holds it)",
+                            MEMORY_PATIENCE.as_secs()
+                        );
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(100));
                 }

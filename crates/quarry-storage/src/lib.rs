@@ -6,6 +6,7 @@
 //! fragments over a warehouse within a [`DeviceProfile`]; the Flight service (`quarry-flight`)
 //! serves the same trait over the network, so the host's code path is the same either way.
 
+pub mod admission;
 pub mod api;
 pub mod blocking;
 pub mod catalog;

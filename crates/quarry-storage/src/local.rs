@@ -59,6 +59,7 @@ use crate::api::{BeginWrite, Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, S
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
+use crate::admission::{Admission, MemoryAdmission};
 use crate::blocking::blocking;
 use crate::grace_join::GraceHashJoinExec;
 use crate::node_ops::NodeOp;
@@ -87,6 +88,8 @@ pub struct LocalStorageNode {
     link: Option<Arc<BandwidthLimiter>>,
     device_threads: Arc<Semaphore>,
     sessions: Arc<Semaphore>,
+    /// Admits fragments and graph jobs by their weighted memory demand.
+    admission: Arc<MemoryAdmission>,
     counters: Arc<NodeCounters>,
     /// Segments that passthrough reads found in their version's manifest: their file and size
     /// (segments never change once committed, so a read need not parse the manifest again).
@@ -115,6 +118,10 @@ impl std::fmt::Debug for PendingWrite {
 fn table_write_error(e: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(e.to_string())
 }
+
+/// How long work waits for its weighted demand to fit before it is admitted anyway (see
+/// `admission.rs`: what it then takes, the memory pool still bounds).
+const ADMISSION_PATIENCE: Duration = Duration::from_secs(2);
 
 /// How long a write lives without a segment arriving, unless the node is told otherwise.
 const DEFAULT_WRITE_LEASE: Duration = Duration::from_secs(60);
@@ -213,6 +220,7 @@ impl LocalStorageNode {
             link: profile.link_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps))),
             device_threads: Arc::new(Semaphore::new(threads)),
             sessions: Arc::new(Semaphore::new(profile.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS))),
+            admission: MemoryAdmission::new(memory),
             counters: Arc::new(NodeCounters::default()),
             stored_segments: Default::default(),
             writes: Default::default(),
@@ -284,7 +292,10 @@ impl LocalStorageNode {
             return run_graph_job(&self.warehouse, job, 1, None, Cancel::default()).map_err(DataFusionError::Execution);
         }
         let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
-        let memory = self.reserve_waiting("graph job", job.memory_bytes().unwrap_or(0) as usize).await;
+        // Its weighted demand is its whole budget: it holds it throughout.
+        let asked = job.memory_bytes().unwrap_or(0);
+        let admitted = self.admission.admit(asked.min(self.profile.memory()), ADMISSION_PATIENCE).await;
+        let memory = (admitted, self.reserve_waiting("graph job", asked as usize).await);
         let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
         let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
         let flag = Arc::clone(&cancel.0);
@@ -378,7 +389,7 @@ impl LocalStorageNode {
         }
         // Times are counted in nanoseconds and exported in seconds, as Prometheus names them.
         for ((metric, doc), total) in scan_counter::ALL.iter().zip(&c.fragment_totals) {
-            let help = format!("Fragments: {}", doc.split_whitespace().collect::<Vec<_>>().join(" "));
+            let help = format!("Fragments: {}", doc.split_whitespace().collect::<Vec<_>>().join(" ").replace(", nanoseconds", " (seconds)"));
             match metric.strip_suffix("_ns") {
                 Some(stem) => export(&format!("quarry_node_{stem}_seconds_total"), "counter", &help, &(load(total) as f64 / 1e9)),
                 None => export(&format!("quarry_node_{metric}_total"), "counter", &help, &load(total)),
@@ -739,6 +750,9 @@ impl StorageNode for LocalStorageNode {
         let counters = Arc::clone(&self.counters);
         counters.fragments_queued.fetch_add(1, Ordering::Relaxed);
         let admitted = Arc::clone(&self.sessions).acquire_owned().await;
+        // A session slot, then room for the fragment's weighted memory demand (the host's
+        // estimate, at most the device's memory).
+        let memory = self.admission.admit(fragment.demand.min(self.profile.memory()), ADMISSION_PATIENCE).await;
         counters.fragments_queued.fetch_sub(1, Ordering::Relaxed);
         let session = admitted.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         let queued_ns = started.elapsed().as_nanos() as u64;
@@ -770,6 +784,7 @@ impl StorageNode for LocalStorageNode {
             rx,
             workers,
             _session: session,
+            _memory: memory,
             // A transport that compresses paces the link on the bytes it sends.
             link: if fragment_codec == LinkCodec::None { self.link.clone() } else { None },
             plan,
@@ -911,6 +926,7 @@ struct FragmentRun {
     rx: mpsc::Receiver<Result<RecordBatch>>,
     workers: JoinSet<()>,
     _session: OwnedSemaphorePermit,
+    _memory: Admission,
     link: Option<Arc<BandwidthLimiter>>,
     plan: Arc<dyn ExecutionPlan>,
     stats: ScanStats,
