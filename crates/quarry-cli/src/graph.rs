@@ -202,7 +202,7 @@ async fn run_on_nodes(target: &Target, job: GraphJob) -> CliResult<Vec<(Option<S
 }
 
 async fn call_node(node: &RemoteStorageNode, job: GraphJob) -> CliResult<(Option<String>, GraphJobOutput)> {
-    let output: GraphJobOutput = node.call(quarry_flight::wire::action::GRAPH, &job).await.map_err(|e| format!("node {}: {}", node.name(), quarry_engine::user_message(&e)))?;
+    let output = node.run_graph_job(job).await.map_err(|e| format!("node {}: {}", node.name(), quarry_engine::user_message(&e)))?;
     Ok((Some(node.name().to_string()), output))
 }
 

@@ -18,6 +18,7 @@ use arrow::datatypes::SchemaRef;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
+use quarry_storage::graph_job::{GraphJob, GraphJobOutput};
 use quarry_storage::{BeginWrite, Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -109,11 +110,6 @@ impl RemoteStorageNode {
         let mut results = client.do_action(request).await.map_err(|s| self.error(s))?.into_inner();
         let first = results.message().await.map_err(|s| self.error(s))?;
         first.map(|r| r.body).ok_or_else(|| DataFusionError::Execution(format!("storage node {}: empty answer to {name}", self.url)))
-    }
-
-    /// Calls an action whose answer is JSON.
-    pub async fn call<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
-        self.action_json(name, body).await
     }
 
     async fn action_json<T: serde::de::DeserializeOwned>(&self, name: &str, body: &impl serde::Serialize) -> Result<T> {
@@ -220,6 +216,10 @@ impl StorageNode for RemoteStorageNode {
 
     async fn commit_write(&self, write: &str, properties: Vec<(String, String)>) -> Result<u64> {
         self.action_json(action::COMMIT_WRITE, &CommitWrite { write: write.to_string(), properties }).await
+    }
+
+    async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
+        self.action_json(action::GRAPH, &job).await
     }
 
     async fn abort_write(&self, write: &str) -> Result<()> {

@@ -15,6 +15,7 @@ use futures::stream::BoxStream;
 use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
 
+use crate::graph_job::{GraphJob, GraphJobOutput};
 use crate::profile::NodeDescription;
 
 /// What a host needs to plan over a table: its committed version, schema and segments.
@@ -401,6 +402,10 @@ pub trait StorageNode: Debug + Send + Sync {
     async fn commit_write(&self, write: &str, properties: Vec<(String, String)>) -> Result<u64>;
     /// Aborts a write: its segment files are removed and the table's lock released.
     async fn abort_write(&self, write: &str) -> Result<()>;
+    /// Runs a graph job next to the data (or lists the node's graphs, or makes one). Only its
+    /// summary comes back; a run's result is a table of the node. Dropping the future (the host
+    /// went away) cancels the job.
+    async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput>;
 }
 
 /// What a host asks to begin writing a table on a node.

@@ -275,39 +275,6 @@ impl LocalStorageNode {
         self
     }
 
-    /// Runs a graph job next to the data, as one session: it waits for a grant like a
-    /// fragment, runs on the device's threads, and may not ask for more than the device's
-    /// memory. Only its summary is returned; its result is a table of this node. Dropping the
-    /// returned future (the host went away) cancels the job; its grant is returned when the job
-    /// has stopped.
-    pub async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
-        if let (Some(asked), Some(memory)) = (job.memory_bytes(), self.profile.device_memory)
-            && asked > memory
-        {
-            return plan_err!("the graph job asks for {asked} bytes of memory; this node's device has {memory}");
-        }
-        // Listing reads directory entries: no grant, so a host can find its graph while the
-        // node's slots are busy.
-        if job == GraphJob::List {
-            return run_graph_job(&self.warehouse, job, 1, None, Cancel::default()).map_err(DataFusionError::Execution);
-        }
-        let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
-        // Its weighted demand is its whole budget: it holds it throughout.
-        let asked = job.memory_bytes().unwrap_or(0);
-        let admitted = self.admission.admit(asked.min(self.profile.memory()), ADMISSION_PATIENCE).await;
-        let memory = (admitted, self.reserve_waiting("graph job", asked as usize).await);
-        let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
-        let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
-        let flag = Arc::clone(&cancel.0);
-        let job = tokio::task::spawn_blocking(move || {
-            let (_session, _memory) = (session, memory);
-            run_graph_job(&warehouse, job, threads, None, Cancel::new(flag))
-        });
-        let output = job.await.map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?;
-        drop(cancel);
-        output.map_err(DataFusionError::Execution)
-    }
-
     /// `bytes` of the device's memory pool for a consumer that cannot spill, once the pool has
     /// them: it waits, as for a session slot, while concurrent work holds the memory (what it
     /// holds is bounded and returned when it finishes). Dropping the future stops the wait.
@@ -694,6 +661,36 @@ impl StorageNode for LocalStorageNode {
     async fn scrub(&self, tables: Vec<String>) -> Result<ScrubReport> {
         let limit = self.profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
         scrub_paced(self.warehouse.clone(), tables, limit, Arc::clone(&self.counters)).await
+    }
+
+    // A graph job runs as one session: it waits for a grant like a fragment, runs on the
+    // device's threads, and may not ask for more than the device's memory.
+    async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
+        if let (Some(asked), Some(memory)) = (job.memory_bytes(), self.profile.device_memory)
+            && asked > memory
+        {
+            return plan_err!("the graph job asks for {asked} bytes of memory; this node's device has {memory}");
+        }
+        // Listing reads directory entries: no grant, so a host can find its graph while the
+        // node's slots are busy.
+        if job == GraphJob::List {
+            return run_graph_job(&self.warehouse, job, 1, None, Cancel::default()).map_err(DataFusionError::Execution);
+        }
+        let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
+        // Its weighted demand is its whole budget: it holds it throughout.
+        let asked = job.memory_bytes().unwrap_or(0);
+        let admitted = self.admission.admit(asked.min(self.profile.memory()), ADMISSION_PATIENCE).await;
+        let memory = (admitted, self.reserve_waiting("graph job", asked as usize).await);
+        let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
+        let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+        let flag = Arc::clone(&cancel.0);
+        let job = tokio::task::spawn_blocking(move || {
+            let (_session, _memory) = (session, memory);
+            run_graph_job(&warehouse, job, threads, None, Cancel::new(flag))
+        });
+        let output = job.await.map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?;
+        drop(cancel);
+        output.map_err(DataFusionError::Execution)
     }
 
     async fn begin_write(&self, request: BeginWrite) -> Result<String> {
