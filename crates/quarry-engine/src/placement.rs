@@ -539,20 +539,14 @@ impl PhysicalOptimizerRule for PlacementRule {
         if self.mode == PushdownMode::Off {
             return self.predict_fragments(plan);
         }
-        // Compression of what pushed-down fragments send, where it pays.
+        // How each pushed-down fragment ships: compression of what it sends, where it pays, and
+        // its weighted memory demand, for its node's admission.
         let plan = plan
             .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
-                Some(fragment) if !fragment.is_passthrough() => match self.link_codec(fragment) {
-                    LinkCodec::None => Ok(Transformed::no(node)),
-                    codec => Ok(Transformed::yes(Arc::new(fragment.with_link_codec(codec)?) as Arc<dyn ExecutionPlan>)),
-                },
-                _ => Ok(Transformed::no(node)),
-            })?
-            .data;
-        // Each pushed-down fragment's weighted memory demand, for its node's admission.
-        let plan = plan
-            .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
-                Some(fragment) if !fragment.is_passthrough() => Ok(Transformed::yes(Arc::new(fragment.with_demand(self.demand(fragment))?) as Arc<dyn ExecutionPlan>)),
+                Some(fragment) if !fragment.is_passthrough() => {
+                    let shipped = fragment.with_shipping(self.link_codec(fragment), self.demand(fragment))?;
+                    Ok(Transformed::yes(Arc::new(shipped) as Arc<dyn ExecutionPlan>))
+                }
                 _ => Ok(Transformed::no(node)),
             })?
             .data;

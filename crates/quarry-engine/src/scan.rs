@@ -247,18 +247,11 @@ impl FragmentExec {
         Ok(Some(fragment))
     }
 
-    /// The same fragment, its batches compressed with `codec` on the link.
-    pub fn with_link_codec(&self, codec: LinkCodec) -> Result<Self> {
+    /// The same fragment, its batches compressed with `codec` on the link and each partition
+    /// asking its node for `demand` bytes of weighted memory demand.
+    pub fn with_shipping(&self, codec: LinkCodec, demand: u64) -> Result<Self> {
         let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
-        fragment.link_codec = codec;
-        Ok(fragment)
-    }
-
-    /// The same fragment, each partition asking its node for `demand` bytes of weighted memory
-    /// demand.
-    pub fn with_demand(&self, demand: u64) -> Result<Self> {
-        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
-        fragment.demand = demand;
+        (fragment.link_codec, fragment.demand) = (codec, demand);
         Ok(fragment)
     }
 

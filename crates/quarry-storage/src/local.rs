@@ -108,14 +108,14 @@ struct PendingWrite {
     expires: Instant,
 }
 
-impl std::fmt::Debug for PendingWrite {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PendingWrite").field("segments", &self.segments.len()).field("expires", &self.expires).finish()
     }
 }
 
 /// A table-layer error of a write, in its own words.
-fn table_write_error(e: impl std::fmt::Display) -> DataFusionError {
+fn table_write_error(e: impl fmt::Display) -> DataFusionError {
     DataFusionError::Execution(e.to_string())
 }
 
