@@ -32,6 +32,7 @@ use crate::magic_set::MagicSetRule;
 use crate::conjunct_order::ConjunctOrderRule;
 use crate::decimal_arith::DecimalArithRule;
 use crate::shared_subplan::SharedSubplanRule;
+use crate::small_group_aggregate::SmallGroupAggregateRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
 use crate::placement::{Objective, PlacementRule, PushdownMode};
@@ -177,6 +178,9 @@ impl QuarrySession {
         // Decimal arithmetic in 64 bits, on the host's operators (after placement: what goes to
         // a node is DataFusion's own plan).
         rules.push(Arc::new(DecimalArithRule));
+        // Partial aggregates over few groups, after the decimal rewrite whose expressions they
+        // take over.
+        rules.push(Arc::new(SmallGroupAggregateRule));
         // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
         rules.push(Arc::new(SharedSubplanRule));
         let state = SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
