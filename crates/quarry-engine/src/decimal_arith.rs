@@ -166,6 +166,7 @@ struct Operand<'a> {
     precision: u8,
 }
 
+#[derive(Clone, Copy)]
 enum Values<'a> {
     Array(&'a [i128]),
     Scalar(i128),
@@ -229,27 +230,33 @@ impl NarrowDecimalExpr {
         if !fits {
             return None;
         }
-        let f: fn(i64, i64) -> i64 = match self.op {
-            Operator::Plus => i64::wrapping_add,
-            Operator::Minus => i64::wrapping_sub,
-            _ => i64::wrapping_mul,
-        };
-        // Bounded above, so neither the rescaling nor `f` wraps; `wrapping_*` only spares the checks.
-        let values: Vec<i128> = match (l.values, r.values) {
-            (Values::Array(a), Values::Array(b)) => a.iter().zip(b).map(|(x, y)| f((*x as i64).wrapping_mul(l_factor), (*y as i64).wrapping_mul(r_factor)) as i128).collect(),
-            (Values::Array(a), Values::Scalar(y)) => {
-                let y = (y as i64).wrapping_mul(r_factor);
-                a.iter().map(|x| f((*x as i64).wrapping_mul(l_factor), y) as i128).collect()
-            }
-            (Values::Scalar(x), Values::Array(b)) => {
-                let x = (x as i64).wrapping_mul(l_factor);
-                b.iter().map(|y| f(x, (*y as i64).wrapping_mul(r_factor)) as i128).collect()
-            }
-            (Values::Scalar(_), Values::Scalar(_)) => unreachable!("two scalars take arrow's path"),
+        // One loop per operator (a function pointer would keep the compiler from vectorizing).
+        let values = match self.op {
+            Operator::Plus => combine(l.values, r.values, l_factor, r_factor, i64::wrapping_add),
+            Operator::Minus => combine(l.values, r.values, l_factor, r_factor, i64::wrapping_sub),
+            _ => combine(l.values, r.values, l_factor, r_factor, i64::wrapping_mul),
         };
         let nulls = NullBuffer::union(l.nulls, r.nulls);
         let array = Decimal128Array::new(values.into(), nulls).with_precision_and_scale(precision, scale).ok()?;
         Some(Arc::new(array))
+    }
+}
+
+/// `f` over the operands rescaled by their factors, widened to `i128`. Bounded above, so
+/// neither the rescaling nor `f` wraps; `wrapping_*` only spares the checks.
+#[inline(always)]
+fn combine(left: Values, right: Values, l_factor: i64, r_factor: i64, f: impl Fn(i64, i64) -> i64) -> Vec<i128> {
+    match (left, right) {
+        (Values::Array(a), Values::Array(b)) => a.iter().zip(b).map(|(x, y)| f((*x as i64).wrapping_mul(l_factor), (*y as i64).wrapping_mul(r_factor)) as i128).collect(),
+        (Values::Array(a), Values::Scalar(y)) => {
+            let y = (y as i64).wrapping_mul(r_factor);
+            a.iter().map(|x| f((*x as i64).wrapping_mul(l_factor), y) as i128).collect()
+        }
+        (Values::Scalar(x), Values::Array(b)) => {
+            let x = (x as i64).wrapping_mul(l_factor);
+            b.iter().map(|y| f(x, (*y as i64).wrapping_mul(r_factor)) as i128).collect()
+        }
+        (Values::Scalar(_), Values::Scalar(_)) => unreachable!("two scalars take arrow's path"),
     }
 }
 

@@ -445,8 +445,9 @@ impl Groups {
         }
         ids.clear();
         ids.reserve(rows);
+        let mask_bits = mask.map(|m| (m.values().inner().as_slice(), m.values().offset()));
         for (row, &key) in packed.iter().enumerate() {
-            let passes = mask.is_none_or(|m| m.value(row));
+            let passes = mask_bits.is_none_or(|(bits, offset)| arrow::util::bit_util::get_bit(bits, offset + row));
             let mut id = match &self.hashed {
                 None => self.dense[key as usize],
                 Some(hashed) => hashed.get(&key).copied().unwrap_or(u32::MAX),
