@@ -83,23 +83,29 @@ def test_node_killed_mid_query_is_an_error_within_5s(tpch_warehouse):
     assert_no_panic(stderr)
 
 
+def _node_metrics(node) -> tuple[dict[str, float], str]:
+    """The metrics of the first node of `node` (started with --metrics-listen), by name, and
+    their text."""
+    proc = node.procs[0]
+    address = getattr(node, "metrics_address", None)
+    # The node names its metrics address on stderr once it listens.
+    deadline = time.monotonic() + 10
+    while address is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "metrics on " in line:
+            address = line.split("metrics on ", 1)[1].strip()
+    assert address, "the node did not report its metrics address"
+    node.metrics_address = address
+    text = urllib.request.urlopen(address, timeout=5).read().decode()
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    return values, text
+
+
 def test_metrics_endpoint(tpch_warehouse, tmp_path):
     stats_file = tmp_path / "stats.json"
     with q.StorageNodes([tpch_warehouse], ["--metrics-listen", "127.0.0.1:0"]) as node:
         _sql(node.arg, "SELECT count(*) FROM orders WHERE o_totalprice > 1000", "--pushdown", "on", "--stats", stats_file)
-        proc = node.procs[0]
-        # The node names its metrics address on stderr once it listens.
-        deadline = time.monotonic() + 10
-        address = None
-        while address is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if "metrics on " in line:
-                address = line.split("metrics on ", 1)[1].strip()
-        assert address, "the node did not report its metrics address"
-        text = urllib.request.urlopen(address, timeout=5).read().decode()
-    values = {
-        line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")
-    }
+        values, text = _node_metrics(node)
     assert values["quarry_node_fragments_total"] >= 1, text
     assert values["quarry_node_bytes_read_total"] > 0, text
     assert values["quarry_node_rows_scanned_total"] > 0, text
@@ -312,14 +318,17 @@ def test_slow_link_compresses_pushed_down_batches(tpch_warehouse, tmp_path):
         con.close()
     link_bytes = {}
     for link_args, compressed in ((["--link-mbps", "20"], True), ([], False)):
-        with q.StorageNodes([tpch_warehouse], link_args) as node:
+        with q.StorageNodes([tpch_warehouse], link_args + ["--metrics-listen", "127.0.0.1:0"]) as node:
             plan = _sql(node.arg, "EXPLAIN " + WIDE_RESULT, "--pushdown", "on", "--format", "csv").stdout
             assert ("link codec=" in plan) == compressed, plan
             out, stats = tmp_path / "wide.parquet", tmp_path / "wide.json"
             _sql(node.arg, WIDE_RESULT, "--pushdown", "on", "--format", "parquet", "--output", str(out), "--stats", str(stats))
+            metrics, text = _node_metrics(node)
         cmp = q.compare_query_results(WIDE_RESULT, q.read_parquet_result(out), duck)
         assert cmp, cmp
         link_bytes[compressed] = json.loads(stats.read_text())["bytes_over_link"]
+        # The node's total counts the bytes that crossed its link: compressed, when they were.
+        assert metrics["quarry_node_bytes_over_link_total"] == link_bytes[compressed], (text, link_bytes)
     assert link_bytes[False] > 1_000_000, link_bytes
     assert link_bytes[True] < 0.6 * link_bytes[False], link_bytes
 

@@ -248,6 +248,7 @@ impl FlightService for NodeService {
                 }
             });
         // The closing message: statistics, only once the fragment finished.
+        let node = Arc::clone(&self.node);
         let closing = futures::stream::once(async move {
             let stats = stats.lock().expect("stats lock").take();
             match stats {
@@ -255,6 +256,7 @@ impl FlightService for NodeService {
                     if codec != LinkCodec::None {
                         // What crossed the link is what was encoded, compressed.
                         let (bytes, waited) = *sent.lock().expect("sent lock");
+                        node.record_link_compression(stats.link_bytes, bytes);
                         stats.link_bytes = bytes;
                         stats.link_wait_ns += waited;
                     }

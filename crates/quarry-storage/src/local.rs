@@ -178,6 +178,11 @@ impl NodeCounters {
             total.fetch_add(value, Ordering::Relaxed);
         }
     }
+
+    fn total(&self, metric: &str) -> &AtomicU64 {
+        let index = scan_counter::ALL.iter().position(|(name, _)| *name == metric).expect("a scan counter");
+        &self.fragment_totals[index]
+    }
 }
 
 impl LocalStorageNode {
@@ -333,6 +338,16 @@ impl LocalStorageNode {
     }
 
     /// The node's cumulative counters in Prometheus text exposition format.
+    /// Corrects the bytes a finished fragment sent over the link in the totals, when the
+    /// service compressed its batches after the fragment counted them (`counted` Arrow bytes
+    /// became `crossed` compressed bytes).
+    pub fn record_link_compression(&self, counted: u64, crossed: u64) {
+        let total = self.counters.total(scan_counter::LINK_BYTES);
+        // The fragment added `counted` when it finished, before the service saw its end.
+        total.fetch_add(crossed, Ordering::Relaxed);
+        total.fetch_sub(counted, Ordering::Relaxed);
+    }
+
     pub fn metrics_text(&self) -> String {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
