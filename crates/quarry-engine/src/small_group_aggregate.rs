@@ -35,7 +35,6 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -81,12 +80,9 @@ impl PhysicalOptimizerRule for SmallGroupAggregateRule {
 fn rewrite(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let Some(aggregate) = node.downcast_ref::<AggregateExec>() else { return Ok(None) };
     let groups = aggregate.group_expr();
-    let final_values = match aggregate.mode() {
-        AggregateMode::Partial => false,
-        AggregateMode::Single | AggregateMode::SinglePartitioned => true,
-        _ => return Ok(None),
-    };
-    if !groups.is_single() || groups.is_empty() || groups.expr().len() > KEY_COLUMNS_MAX {
+    // Partial only: one-step aggregates are the keyed rule's (disjoint keys per partition) and
+    // the shared-subplan rule's to recognize.
+    if *aggregate.mode() != AggregateMode::Partial || !groups.is_single() || groups.is_empty() || groups.expr().len() > KEY_COLUMNS_MAX {
         return Ok(None);
     }
     // An ordered partial aggregate's parent may rely on its order; this one emits at the end.
@@ -117,7 +113,7 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan
         Some(folded) => folded,
         None => (Arc::clone(input), Prelude::default()),
     };
-    Ok(Some(Arc::new(SmallGroupAggregateExec::new(aggregate, source, prelude, key_columns, combinations as usize, final_values))))
+    Ok(Some(Arc::new(SmallGroupAggregateExec::new(aggregate, source, prelude, key_columns, combinations as usize))))
 }
 
 /// What the aggregate's input computes from the source's batches: a filter folded into the
@@ -185,16 +181,14 @@ pub struct SmallGroupAggregateExec {
     /// The key columns' indices in the aggregate's input.
     key_columns: Vec<usize>,
     estimated_groups: usize,
-    /// Whether the aggregate computes final values (one step) rather than partial states.
-    final_values: bool,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl SmallGroupAggregateExec {
-    fn new(aggregate: &AggregateExec, source: Arc<dyn ExecutionPlan>, prelude: Prelude, key_columns: Vec<usize>, estimated_groups: usize, final_values: bool) -> Self {
+    fn new(aggregate: &AggregateExec, source: Arc<dyn ExecutionPlan>, prelude: Prelude, key_columns: Vec<usize>, estimated_groups: usize) -> Self {
         let properties = Arc::clone(aggregate.properties());
-        SmallGroupAggregateExec { aggregate: aggregate.clone(), source, prelude, key_columns, estimated_groups, final_values, properties, metrics: ExecutionPlanMetricsSet::new() }
+        SmallGroupAggregateExec { aggregate: aggregate.clone(), source, prelude, key_columns, estimated_groups, properties, metrics: ExecutionPlanMetricsSet::new() }
     }
 }
 
@@ -202,8 +196,7 @@ impl DisplayAs for SmallGroupAggregateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let keys: Vec<String> = self.aggregate.group_expr().expr().iter().map(|(_, name)| name.clone()).collect();
         let aggregates: Vec<&str> = self.aggregate.aggr_expr().iter().map(|a| a.name()).collect();
-        let mode = if self.final_values { "single" } else { "partial" };
-        write!(f, "SmallGroupAggregateExec: mode={mode}, gby=[{}], aggr=[{}], groups<={}", keys.join(", "), aggregates.join(", "), self.estimated_groups)?;
+        write!(f, "SmallGroupAggregateExec: gby=[{}], aggr=[{}], groups<={}", keys.join(", "), aggregates.join(", "), self.estimated_groups)?;
         if let Some(predicate) = &self.prelude.predicate {
             write!(f, ", folded filter={predicate}")?;
         }
@@ -247,7 +240,7 @@ impl ExecutionPlan for SmallGroupAggregateExec {
         if source.schema() != self.source.schema() {
             return internal_err!("SmallGroupAggregateExec: a new input with another schema");
         }
-        Ok(Arc::new(SmallGroupAggregateExec::new(&self.aggregate, source, self.prelude.clone(), self.key_columns.clone(), self.estimated_groups, self.final_values)))
+        Ok(Arc::new(SmallGroupAggregateExec::new(&self.aggregate, source, self.prelude.clone(), self.key_columns.clone(), self.estimated_groups)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -261,11 +254,9 @@ impl ExecutionPlan for SmallGroupAggregateExec {
             prelude: self.prelude.clone(),
             key_columns: self.key_columns.clone(),
             arguments: self.aggregate.aggr_expr().iter().map(|a| a.expressions()).collect(),
-            aggregates: self.aggregate.aggr_expr().to_vec(),
             accumulators: self.aggregate.aggr_expr().iter().map(|a| a.create_groups_accumulator()).collect::<Result<_>>()?,
             groups: Groups::new(self.key_columns.len()),
             group_ids: Vec::new(),
-            final_values: self.final_values,
             reservation,
             schema: self.schema(),
             metrics: BaselineMetrics::new(&self.metrics, partition),
@@ -293,11 +284,9 @@ struct PartitionState {
     prelude: Prelude,
     key_columns: Vec<usize>,
     arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
-    aggregates: Vec<Arc<AggregateFunctionExpr>>,
     accumulators: Vec<Box<dyn GroupsAccumulator>>,
     groups: Groups,
     group_ids: Vec<usize>,
-    final_values: bool,
     reservation: MemoryReservation,
     schema: SchemaRef,
     metrics: BaselineMetrics,
@@ -358,7 +347,7 @@ impl PartitionState {
         Ok((rows, arguments))
     }
 
-    /// The groups' keys and partial states (or final values), without the group of dropped rows.
+    /// The groups' keys and partial states, without the group of dropped rows.
     fn finish(&mut self) -> Result<RecordBatch> {
         if !self.groups.touched {
             // No batch reached the accumulators: no groups.
@@ -366,18 +355,8 @@ impl PartitionState {
         }
         let count = self.groups.len() - 1;
         let mut columns = self.groups.keys()?;
-        for (accumulator, aggregate) in self.accumulators.iter_mut().zip(&self.aggregates) {
-            let states: Vec<ArrayRef> = accumulator.state(EmitTo::All)?.into_iter().map(|s| s.slice(1, count)).collect();
-            if self.final_values {
-                // Final values from the states without the dropped rows' group: an accumulator
-                // may not evaluate a group that saw no rows (a decimal average divides by its
-                // count).
-                let mut merged = aggregate.create_groups_accumulator()?;
-                merged.merge_batch(&states, &(0..count).collect::<Vec<_>>(), count)?;
-                columns.push(merged.evaluate(EmitTo::All)?);
-            } else {
-                columns.extend(states);
-            }
+        for accumulator in &mut self.accumulators {
+            columns.extend(accumulator.state(EmitTo::All)?.into_iter().map(|s| s.slice(1, count)));
         }
         self.reservation.free();
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
