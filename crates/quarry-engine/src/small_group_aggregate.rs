@@ -294,7 +294,7 @@ struct PartitionState {
 
 impl PartitionState {
     fn add(&mut self, batch: &RecordBatch) -> Result<()> {
-        let mask = match &self.prelude.predicate {
+        let mut mask = match &self.prelude.predicate {
             Some(predicate) => {
                 let passed = predicate.evaluate(batch)?.into_array(batch.num_rows())?;
                 let passed = passed.as_boolean();
@@ -311,7 +311,6 @@ impl PartitionState {
             }
             None => None,
         };
-        let mut mask = mask;
         let mut input = batch.clone();
         if let Some(passed) = &mask
             && (passed.true_count() as f64) < FILTER_FIRST_BELOW * batch.num_rows() as f64
@@ -376,6 +375,7 @@ struct Groups {
     hashed: Option<HashMap<u128, u32>>,
     /// Whether any batch has been added.
     touched: bool,
+    /// The current batch's codes, per key column (buffers kept between batches).
     row_codes: Vec<Vec<u32>>,
 }
 
