@@ -337,7 +337,6 @@ impl LocalStorageNode {
         &self.warehouse
     }
 
-    /// The node's cumulative counters in Prometheus text exposition format.
     /// Corrects the bytes a finished fragment sent over the link in the totals, when the
     /// service compressed its batches after the fragment counted them (`counted` Arrow bytes
     /// became `crossed` compressed bytes).
@@ -348,6 +347,7 @@ impl LocalStorageNode {
         total.fetch_sub(counted, Ordering::Relaxed);
     }
 
+    /// The node's cumulative counters in Prometheus text exposition format.
     pub fn metrics_text(&self) -> String {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
