@@ -12,6 +12,7 @@ mod progress;
 mod queries;
 mod scrub;
 mod serve;
+mod server;
 mod shell;
 mod sql;
 mod tables;
@@ -92,6 +93,8 @@ enum Command {
     Graph(graph::GraphArgs),
     /// Run a storage node serving the warehouse over Arrow Flight.
     Serve(serve::ServeArgs),
+    /// Serve SQL over Arrow Flight SQL (for ADBC, JDBC and other Flight SQL clients).
+    Server(server::ServerArgs),
     /// Measure this machine's operator costs for the placement cost model.
     Calibrate(calibrate::CalibrateArgs),
     /// Verify every segment of the tables against the checksums written with it.
@@ -147,6 +150,7 @@ fn main() -> ExitCode {
         Command::Tables(args) => with_runtime(threads, tables::run(&target, args)),
         Command::Graph(args) => graph::run(&target, args, threads, memory),
         Command::Serve(args) => serve::run(&target, args, threads),
+        Command::Server(args) => with_runtime(threads, server::run(&target, args)),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
         Command::Scrub(args) => with_runtime(threads, scrub::run(&target, args)),
         Command::Model(args) => model::run(args),

@@ -81,11 +81,7 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
     profile.max_sessions = args.max_sessions.or(profile.max_sessions);
     profile.validate()?;
     let token = target.token_file.as_deref().map(read_token_file).transpose()?;
-    let read = |path: &PathBuf, what: &str| std::fs::read(path).map_err(|e| format!("reading the TLS {what} {}: {e}", path.display()));
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsIdentity { cert_pem: read(cert, "certificate")?, key_pem: read(key, "key")? }),
-        _ => None,
-    };
+    let tls = tls_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
     let warehouse_dir: &Path = &target.warehouse;
     let warehouse = Warehouse::open(warehouse_dir).map_err(|e| e.to_string())?;
     let profile_name = profile.name.clone();
@@ -119,5 +115,14 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
             }
         })
         .await
+    })
+}
+
+/// The TLS identity in the certificate chain and key files, if both are given.
+pub fn tls_identity(cert: Option<&Path>, key: Option<&Path>) -> CliResult<Option<TlsIdentity>> {
+    let read = |path: &Path, what: &str| std::fs::read(path).map_err(|e| format!("reading the TLS {what} {}: {e}", path.display()));
+    Ok(match (cert, key) {
+        (Some(cert), Some(key)) => Some(TlsIdentity { cert_pem: read(cert, "certificate")?, key_pem: read(key, "key")? }),
+        _ => None,
     })
 }

@@ -15,7 +15,8 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::analyze::AnalyzeExec;
-use datafusion::physical_plan::execute_stream;
+use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
+use datafusion::catalog::{CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList};
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
@@ -189,6 +190,23 @@ impl QuarrySession {
         Ok(session)
     }
 
+    /// A session of its own over the same nodes, planner rules and memory pool: its settings
+    /// and views are its own (each client of a server gets one), and it sees the tables as they
+    /// are now.
+    pub async fn fork(&self) -> Result<QuarrySession> {
+        let catalogs = Arc::new(MemoryCatalogProviderList::new());
+        catalogs.register_catalog("quarry".into(), Arc::new(MemoryCatalogProvider::new()));
+        let state = SessionStateBuilder::new_from_existing(self.ctx.state()).with_catalog_list(catalogs).build();
+        let session = QuarrySession {
+            ctx: SessionContext::new_with_state(state),
+            nodes: self.nodes.clone(),
+            host_power: self.host_power.clone(),
+            device_power: self.device_power.clone(),
+        };
+        session.refresh_tables().await?;
+        Ok(session)
+    }
+
     /// Re-reads the node's table list (tables loaded since the session started become visible).
     pub async fn refresh_tables(&self) -> Result<()> {
         let schema = NodeSchemaProvider::try_new(self.nodes.clone()).await?;
@@ -250,6 +268,24 @@ impl QuarrySession {
         }
         sink.finish()?;
         Ok(stats)
+    }
+
+    /// The plan of SQL text of exactly one statement, which must be a query (or a setting, or a
+    /// view), its parameters (`$1`, `?`) not yet bound.
+    pub async fn plan(&self, sql: &str) -> Result<LogicalPlan> {
+        let mut statements = self.parse(sql)?;
+        if statements.len() != 1 {
+            return plan_err!("expected one SQL statement, found {}", statements.len());
+        }
+        let plan = self.ctx.state().statement_to_plan(statements.remove(0)).await?;
+        check_read_only(&plan)?;
+        Ok(plan)
+    }
+
+    /// Runs `plan` (from [`Self::plan`], parameters bound), its rows as a stream.
+    pub async fn stream(&self, plan: LogicalPlan) -> Result<SendableRecordBatchStream> {
+        check_read_only(&plan)?;
+        self.ctx.execute_logical_plan(plan).await?.execute_stream().await
     }
 
     /// Runs SQL text of exactly one statement and collects the result.

@@ -57,7 +57,7 @@ impl Interceptor for TokenAttach {
 }
 
 /// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -11,5 +11,5 @@ pub mod wire;
 
 pub use auth::read_token_file;
 pub use client::RemoteStorageNode;
-pub use server::{NodeService, ServeOptions, TlsIdentity, serve};
+pub use server::{NodeService, ServeOptions, TlsIdentity, listen, serve};
 pub use upload::upload_table;

@@ -83,37 +83,10 @@ impl std::fmt::Debug for TlsIdentity {
 /// node refuses to listen beyond loopback without a token, and without TLS unless told
 /// `insecure`.
 pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready: impl FnOnce(String, Option<SocketAddr>)) -> Result<(), String> {
-    if !options.listen.ip().is_loopback() {
-        if options.token.is_none() {
-            return Err(format!(
-                "refusing to listen on {} without authentication: give --token-file, or listen on a loopback address (127.0.0.1)",
-                options.listen
-            ));
-        }
-        if options.tls.is_none() && !options.insecure {
-            return Err(format!(
-                "refusing to listen on {} without TLS: give --tls-cert and --tls-key, or --insecure to send tokens and data in the clear",
-                options.listen
-            ));
-        }
-    }
-    if options.token.as_ref().is_some_and(|t| t.trim().is_empty()) {
-        return Err("the token file is empty".into());
-    }
-    let listener = tokio::net::TcpListener::bind(options.listen).await.map_err(|e| format!("listening on {}: {e}", options.listen))?;
-    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let (listener, address, mut builder, scheme) = listen(&options).await?;
     let metrics_address = match options.metrics_listen {
         Some(addr) => Some(crate::metrics::serve_metrics(Arc::clone(&node), addr).await?),
         None => None,
-    };
-    let mut builder = Server::builder();
-    let scheme = match &options.tls {
-        Some(identity) => {
-            let config = ServerTlsConfig::new().identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
-            builder = builder.tls_config(config).map_err(|e| format!("the TLS certificate or key: {e}"))?;
-            "grpc+tls"
-        }
-        None => "grpc",
     };
     on_ready(format!("{scheme}://{address}"), metrics_address);
     // Writes whose host went away are aborted once their lease runs out, even if no other
@@ -137,6 +110,42 @@ pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready:
         .serve_with_incoming(TcpIncoming::from(listener))
         .await
         .map_err(|e| format!("serving on {address}: {e}"))
+}
+
+/// Binds `options.listen` for a Flight server (a storage node, or `quarry server`), refusing an
+/// address beyond loopback without a token, and without TLS unless told `insecure`: the
+/// listener, its address (the port may have been 0), the server builder (with TLS if given)
+/// and the URL scheme (`grpc` or `grpc+tls`).
+pub async fn listen(options: &ServeOptions) -> Result<(tokio::net::TcpListener, SocketAddr, Server, &'static str), String> {
+    if !options.listen.ip().is_loopback() {
+        if options.token.is_none() {
+            return Err(format!(
+                "refusing to listen on {} without authentication: give --token-file, or listen on a loopback address (127.0.0.1)",
+                options.listen
+            ));
+        }
+        if options.tls.is_none() && !options.insecure {
+            return Err(format!(
+                "refusing to listen on {} without TLS: give --tls-cert and --tls-key, or --insecure to send tokens and data in the clear",
+                options.listen
+            ));
+        }
+    }
+    if options.token.as_ref().is_some_and(|t| t.trim().is_empty()) {
+        return Err("the token file is empty".into());
+    }
+    let listener = tokio::net::TcpListener::bind(options.listen).await.map_err(|e| format!("listening on {}: {e}", options.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let mut builder = Server::builder();
+    let scheme = match &options.tls {
+        Some(identity) => {
+            let config = ServerTlsConfig::new().identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+            builder = builder.tls_config(config).map_err(|e| format!("the TLS certificate or key: {e}"))?;
+            "grpc+tls"
+        }
+        None => "grpc",
+    };
+    Ok((listener, address, builder, scheme))
 }
 
 fn status(e: DataFusionError) -> Status {

@@ -1,0 +1,39 @@
+//! Arrow Flight SQL over Quarry (`quarry server`): the warehouse (or storage nodes) as a
+//! database that ADBC, JDBC and other Flight SQL clients query.
+//!
+//! - Statements and prepared statements (parameters `$1` or `?`, bound by `DoPut`), their
+//!   results streamed as Arrow; `CancelFlightInfo` (and Flight SQL's older `CancelQuery`)
+//!   stops a running query.
+//! - `GetSqlInfo`, `GetCatalogs`, `GetDbSchemas`, `GetTables` (with schemas), `GetTableTypes`,
+//!   `GetXdbcTypeInfo`.
+//! - Each client has its own session ([`sessions`]); all share the process's memory pool.
+//! - A query's error is a Flight error carrying the one-line message the CLI prints.
+
+pub mod catalog;
+pub mod service;
+pub mod sessions;
+
+use std::sync::Arc;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use quarry_engine::QuarrySession;
+use quarry_flight::ServeOptions;
+use tonic::transport::server::TcpIncoming;
+
+pub use service::{QuarryFlightSql, SqlTokenCheck};
+
+/// Serves Flight SQL over sessions forked from `base` until the process ends. `on_ready` gets
+/// the server's URL (the port may have been 0). It refuses to listen beyond loopback without a
+/// token, and without TLS unless `options.insecure`.
+pub async fn serve_sql(base: QuarrySession, options: ServeOptions, on_ready: impl FnOnce(String)) -> Result<(), String> {
+    let (listener, address, mut builder, scheme) = quarry_flight::listen(&options).await?;
+    on_ready(format!("{scheme}://{address}"));
+    let service = Arc::new(QuarryFlightSql::new(base, options.token.clone()));
+    let server = FlightServiceServer::from_arc(service).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
+    let service = tonic::codegen::InterceptedService::new(server, SqlTokenCheck::new(options.token));
+    builder
+        .add_service(service)
+        .serve_with_incoming(TcpIncoming::from(listener))
+        .await
+        .map_err(|e| format!("serving on {address}: {e}"))
+}
