@@ -150,7 +150,7 @@ fn main() -> ExitCode {
         Command::Tables(args) => with_runtime(threads, tables::run(&target, args)),
         Command::Graph(args) => graph::run(&target, args, threads, memory),
         Command::Serve(args) => serve::run(&target, args, threads),
-        Command::Server(args) => with_runtime(threads, server::run(&target, args)),
+        Command::Server(args) => with_runtime(2, server::run(&target, args)),
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
         Command::Scrub(args) => with_runtime(threads, scrub::run(&target, args)),
         Command::Model(args) => model::run(args),

@@ -27,7 +27,8 @@ pub struct ServerArgs {
     insecure: bool,
 }
 
-/// Serves until the process ends. Clients authenticate with the token of `--token-file` (as a
+/// Serves until the process ends (called on a small runtime for the calls; queries get
+/// `--threads` of their own). Clients authenticate with the token of `--token-file` (as a
 /// bearer token, or as the password of basic auth).
 pub async fn run(target: &Target, args: ServerArgs) -> CliResult {
     let token = target.token_file.as_deref().map(read_token_file).transpose()?;
@@ -38,7 +39,7 @@ pub async fn run(target: &Target, args: ServerArgs) -> CliResult {
     let session = target.session().await?;
     let options = ServeOptions { listen: args.listen, token, metrics_listen: None, tls, insecure: args.insecure };
     let over = if target.is_remote() { format!("{} storage node(s)", target.nodes.len()) } else { target.warehouse.display().to_string() };
-    quarry_flightsql::serve_sql(session, options, |url| {
+    quarry_flightsql::serve_sql(session, target.threads, options, |url| {
         // The first line on stdout is the URL, for scripts that asked for port 0.
         println!("{url}");
         eprintln!("quarry: Flight SQL server for {over} on {url}");

@@ -49,15 +49,19 @@ const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
 /// Quarry's Flight SQL service.
 pub struct QuarryFlightSql {
     state: Arc<ServerState>,
+    /// Where queries run: a runtime of their own, so that a query busy on every thread does
+    /// not keep the server from answering calls (a cancellation among them).
+    queries: tokio::runtime::Handle,
     token: Option<String>,
     sql_info: SqlInfoData,
     type_info: XdbcTypeInfoData,
 }
 
 impl QuarryFlightSql {
-    /// The service over sessions forked from `base`; `token` is what a handshake's password must be.
-    pub fn new(base: QuarrySession, token: Option<String>) -> Self {
-        QuarryFlightSql { state: Arc::new(ServerState::new(base)), token, sql_info: sql_info(), type_info: xdbc_type_info() }
+    /// The service over sessions forked from `base`, running queries on `queries`; `token`
+    /// is what a handshake's password must be.
+    pub fn new(base: QuarrySession, queries: tokio::runtime::Handle, token: Option<String>) -> Self {
+        QuarryFlightSql { state: Arc::new(ServerState::new(base)), queries, token, sql_info: sql_info(), type_info: xdbc_type_info() }
     }
 
     /// The client's session: the one its cookie names, or a new one (with the cookie to set,
@@ -87,7 +91,7 @@ impl QuarryFlightSql {
         let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Option<RecordBatch>, Status>>(2);
         let task_schema = Arc::clone(&schema);
         let state = Arc::clone(&self.state);
-        let task = tokio::spawn(async move {
+        let task = self.queries.spawn(async move {
             let result = async {
                 let mut stream = session.stream(plan).await.map_err(status)?;
                 while let Some(batch) = stream.next().await {
@@ -544,7 +548,9 @@ impl SqlTokenCheck {
             return quarry_flight::auth::constant_time_eq(bearer, token.as_bytes());
         }
         let Some(basic) = header.strip_prefix(b"Basic ") else { return false };
-        let Ok(credentials) = base64::engine::general_purpose::STANDARD.decode(basic) else { return false };
+        // Padded or not: the Go client (ADBC) sends it without.
+        let unpadded = basic.strip_suffix(b"==").or_else(|| basic.strip_suffix(b"=")).unwrap_or(basic);
+        let Ok(credentials) = base64::engine::general_purpose::STANDARD_NO_PAD.decode(unpadded) else { return false };
         let password = credentials.iter().position(|&b| b == b':').map_or(&[][..], |colon| &credentials[colon + 1..]);
         quarry_flight::auth::constant_time_eq(password, token.as_bytes())
     }
