@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -21,6 +22,7 @@ adbc = pytest.importorskip("adbc_driver_flightsql.dbapi")
 from adbc_driver_flightsql import DatabaseOptions  # noqa: E402
 
 TPCH_FILES = q.query_files("tpch")
+TPCH_TABLES = ["customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier"]
 
 
 class Server:
@@ -121,7 +123,7 @@ def test_catalog_calls_list_tables_with_schemas(server, tpch01, duck):
         assert [c["catalog_name"] for c in objects] == ["quarry"]
         schemas = {s["db_schema_name"]: s for s in objects[0]["catalog_db_schemas"]}
         tables = {t["table_name"]: t for t in schemas["main"]["db_schema_tables"]}
-        assert sorted(tables) == sorted(q.list_tables(tpch01))
+        assert sorted(tables) == TPCH_TABLES
         for name, table in tables.items():
             assert table["table_type"] == "TABLE"
             columns = [c["column_name"] for c in sorted(table["table_columns"], key=lambda c: c["ordinal_position"])]
@@ -309,3 +311,43 @@ def test_server_over_storage_nodes(tpch01, duck):
                 _assert_equal(sql, _adbc_query(con, sql), q.duckdb_result(duck, sql), "q03 over a node")
         finally:
             assert_no_panic(s.stop())
+
+
+JDBC_DRIVER = "org.apache.arrow:flight-sql-jdbc-driver:18.3.0"
+
+
+@pytest.fixture(scope="module")
+def jdbc_driver() -> Path:
+    """The Arrow Flight SQL JDBC driver's jar, fetched by Maven into ~/.m2 on first use."""
+    group, artifact, version = JDBC_DRIVER.split(":")
+    jar = Path.home() / ".m2" / "repository" / Path(*group.split(".")) / artifact / version / f"{artifact}-{version}.jar"
+    if not jar.exists():
+        subprocess.run(["mvn", "-q", "dependency:get", f"-Dartifact={JDBC_DRIVER}"], check=True, timeout=600)
+    assert jar.exists(), jar
+    return jar
+
+
+def test_jdbc_client(server, duck, jdbc_driver):
+    """The Arrow Flight SQL JDBC driver, through `java`: a query, a prepared statement with a
+    date and a string parameter, the tables and columns from DatabaseMetaData, a setting that
+    holds for the connection (the driver keeps the session cookie), and an error's message."""
+    source = q.REPO_ROOT / "tests" / "jdbc" / "QuarryJdbc.java"
+    url = "jdbc:arrow-flight-sql://" + server.url.removeprefix("grpc://") + "?useEncryption=false"
+    # Arrow's Java memory needs java.nio opened to it.
+    run = subprocess.run(["java", "--add-opens=java.base/java.nio=ALL-UNNAMED", "-cp", str(jdbc_driver), str(source), url],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    groups = [tuple(line.split()[1:]) for line in lines if line.startswith("group ")]
+    expected = duck.execute("select l_returnflag, l_linestatus, count(*), sum(l_quantity) from lineitem group by 1, 2 order by 1, 2").fetchall()
+    assert groups == [(f, s, str(n), f"{qty:.2f}") for f, s, n, qty in expected]
+    prepared = [line.split()[1:] for line in lines if line.startswith("prepared ")]
+    assert len(prepared) == 2
+    for day, priority, count in prepared:
+        (want,), = duck.execute("select count(*) from orders where o_orderdate < ?::date and o_orderpriority = ?", [day, priority]).fetchall()
+        assert int(count) == want > 0, (day, priority)
+    assert sorted(line.split()[1] for line in lines if line.startswith("table ")) == sorted(TPCH_TABLES)
+    assert [line.split()[2] for line in lines if line.startswith("column nation ")] == ["n_nationkey", "n_name", "n_regionkey", "n_comment"]
+    assert "setting 1234" in lines
+    error = next(line for line in lines if line.startswith("error "))
+    assert "No field named nope" in error, error

@@ -20,7 +20,7 @@ use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
     ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
-    CommandGetXdbcTypeInfo, CommandPreparedStatementQuery, CommandStatementQuery, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
+    CommandGetXdbcTypeInfo, CommandPreparedStatementQuery, CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
     TicketStatementQuery,
 };
 use arrow_flight::{
@@ -34,7 +34,7 @@ use datafusion::logical_expr::LogicalPlan;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use quarry_engine::{QuarrySession, user_message};
-use quarry_table::manifest::storage_schema;
+use quarry_table::manifest::{storage_schema, storage_type};
 use quarry_table::segment::conform_batch;
 use serde::{Deserialize, Serialize};
 use tonic::metadata::MetadataValue;
@@ -245,8 +245,8 @@ fn result_schema(plan: &LogicalPlan) -> SchemaRef {
     storage_schema(plan.schema().as_arrow())
 }
 
-/// The parameters `plan` takes, `$1` first; a parameter whose type the planner could not infer is a string.
-fn parameter_schema(plan: &LogicalPlan) -> Result<Schema, Status> {
+/// The types of the parameters `plan` takes, `$1` first (`None`: the planner could not infer it).
+fn parameter_types(plan: &LogicalPlan) -> Result<Vec<(String, Option<DataType>)>, Status> {
     let mut parameters: Vec<(usize, String, Option<DataType>)> = plan
         .get_parameter_types()
         .map_err(status)?
@@ -254,8 +254,16 @@ fn parameter_schema(plan: &LogicalPlan) -> Result<Schema, Status> {
         .map(|(name, data_type)| (name.trim_start_matches('$').parse().unwrap_or(usize::MAX), name, data_type))
         .collect();
     parameters.sort();
-    let fields: Vec<Field> = parameters.into_iter().map(|(_, name, data_type)| Field::new(name, data_type.unwrap_or(DataType::Utf8), true)).collect();
-    Ok(Schema::new(fields))
+    Ok(parameters.into_iter().map(|(_, name, data_type)| (name, data_type)).collect())
+}
+
+/// The parameters as clients see them: plain strings, not views (a string where the type is
+/// not inferred).
+fn parameter_schema(plan: &LogicalPlan) -> Result<Schema, Status> {
+    let fields = parameter_types(plan)?
+        .into_iter()
+        .map(|(name, data_type)| Field::new(name, data_type.as_ref().map_or(DataType::Utf8, storage_type), true));
+    Ok(Schema::new(fields.collect::<Vec<_>>()))
 }
 
 /// `plan` with `params` bound, each cast to the type the planner inferred for it.
@@ -263,18 +271,29 @@ fn bind(plan: LogicalPlan, params: Option<&ParamValues>) -> Result<LogicalPlan, 
     let Some(ParamValues::List(values)) = params else {
         return Ok(plan);
     };
-    let types = parameter_schema(&plan)?;
+    let types = parameter_types(&plan)?;
     let mut cast = Vec::with_capacity(values.len());
     for (i, value) in values.iter().enumerate() {
         let value = value.value();
-        cast.push(match types.fields().get(i) {
-            Some(field) if value.data_type() != *field.data_type() && !value.is_null() => value
-                .cast_to(field.data_type())
-                .map_err(|e| Status::invalid_argument(format!("parameter ${}: {} does not fit {}: {}", i + 1, value, field.data_type(), user_message(&e))))?,
+        cast.push(match types.get(i) {
+            Some((_, Some(data_type))) if value.data_type() != *data_type && !value.is_null() => value
+                .cast_to(data_type)
+                .map_err(|e| Status::invalid_argument(format!("parameter ${}: {} does not fit {}: {}", i + 1, value, data_type, user_message(&e))))?,
             _ => value.clone(),
         });
     }
     plan.with_param_values(cast).map_err(status)
+}
+
+/// Runs `plan` to its end; the rows it returned (a `SET` returns none: Quarry changes no table
+/// through SQL).
+async fn run_for_effect(session: &QuarrySession, plan: LogicalPlan) -> Result<i64, Status> {
+    let mut stream = session.stream(plan).await.map_err(status)?;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        rows += batch.map_err(status)?.num_rows() as i64;
+    }
+    Ok(rows)
 }
 
 /// A query's error as the CLI words it.
@@ -423,6 +442,27 @@ impl FlightSqlService for QuarryFlightSql {
         bind(prepared.plan.clone(), Some(&ParamValues::from(values.clone())))?;
         prepared.params = Some(ParamValues::from(values));
         Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(command.prepared_statement_handle) })
+    }
+
+    /// A statement run for its effect (a `SET`, a view), as JDBC's `execute` sends one whose
+    /// result has no columns.
+    async fn do_put_statement_update(&self, command: CommandStatementUpdate, request: Request<PeekableFlightDataStream>) -> Result<i64, Status> {
+        let client = self.session(&request).await?;
+        let plan = client.session.plan(&command.query).await.map_err(status)?;
+        run_for_effect(&client.session, plan).await
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        command: CommandPreparedStatementUpdate,
+        _request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let (session, plan, params) = {
+            let prepared = self.prepared(&command.prepared_statement_handle)?;
+            let prepared = prepared.lock().expect("prepared lock");
+            (Arc::clone(&prepared.session), prepared.plan.clone(), prepared.params.clone())
+        };
+        run_for_effect(&session, bind(plan, params.as_ref())?).await
     }
 
     async fn do_action_close_prepared_statement(&self, query: ActionClosePreparedStatementRequest, _request: Request<Action>) -> Result<(), Status> {
