@@ -6,16 +6,12 @@
 //! file reads a local file and so runs only on a local warehouse.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef};
-use arrow::datatypes::DataType;
 use clap::{Args, Subcommand};
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use quarry_flight::RemoteStorageNode;
 use quarry_storage::StorageNode;
-use quarry_graph::{Cancel, Graph, GraphBuilder, ImportOptions, Progress, ProgressEvent, import_edge_files};
-use quarry_storage::graph_job::{GraphAlgorithm, GraphHome, GraphJob, GraphJobOutput, run_graph_job};
+use quarry_graph::{Cancel, Progress, ProgressEvent};
+use quarry_storage::graph_job::{GraphAlgorithm, GraphJob, GraphJobOutput, import_graph_file, run_graph_job};
 use quarry_table::Warehouse;
 
 use crate::target::Target;
@@ -207,61 +203,12 @@ async fn call_node(node: &RemoteStorageNode, job: GraphJob) -> CliResult<(Option
 }
 
 fn import(warehouse: &Path, name: &str, from: &Path, keep_self_loops: bool, memory: usize, threads: usize) -> CliResult {
-    let started = Instant::now();
     let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
-    let home = GraphHome::open(&warehouse)?;
-    let dest = home.path(name)?;
-    let options = home.import_options(memory, threads).with_self_loops(keep_self_loops);
-    let is_parquet = from.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
-    let (graph, stats) = if is_parquet { import_parquet(from, &dest, options)? } else { import_edge_files(&[from], None, &dest, options).map_err(|e| e.to_string())? };
-    eprintln!(
-        "{name}: {} vertices, {} edges ({} read, {} duplicates and {} self-loops removed), {:.2}s",
-        graph.vertices(),
-        graph.edges_count(),
-        stats.edges_read,
-        stats.duplicates_removed,
-        stats.self_loops_dropped,
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-fn import_parquet(from: &Path, dest: &Path, options: ImportOptions) -> CliResult<(Graph, quarry_graph::ImportStats)> {
-    let file = std::fs::File::open(from).map_err(|e| format!("opening {}: {e}", from.display()))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
-    let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
-    let reader = builder.with_batch_size(64 * 1024).build().map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
-    let bar = crate::progress::rows_bar("edges", Some(total));
-    let schema = arrow::array::RecordBatchReader::schema(&reader);
-    for column in ["src", "dst"] {
-        if schema.field_with_name(column).is_err() {
-            return Err(format!("{}: an edge list needs columns src and dst (and optionally weight)", from.display()));
-        }
-    }
-    let weighted = schema.field_with_name("weight").is_ok();
-    let mut builder = GraphBuilder::new(dest, options.with_weighted(weighted)).map_err(|e| e.to_string())?;
-    for batch in reader {
-        let batch = batch.map_err(|e| format!("{}: {e}", from.display()))?;
-        let column = |name: &str, to: &DataType| -> CliResult<ArrayRef> {
-            let array = batch.column_by_name(name).expect("checked above");
-            arrow::compute::cast(array, to).map_err(|e| format!("{}: column {name}: {e}", from.display()))
-        };
-        let src = column("src", &DataType::UInt64)?;
-        let dst = column("dst", &DataType::UInt64)?;
-        let src = arrow::array::AsArray::as_primitive::<arrow::datatypes::UInt64Type>(src.as_ref());
-        let dst = arrow::array::AsArray::as_primitive::<arrow::datatypes::UInt64Type>(dst.as_ref());
-        let weight = if weighted { Some(column("weight", &DataType::Float32)?) } else { None };
-        let weight = weight.as_ref().map(|w| arrow::array::AsArray::as_primitive::<arrow::datatypes::Float32Type>(w.as_ref()));
-        for row in 0..batch.num_rows() {
-            if src.is_null(row) || dst.is_null(row) {
-                return Err(format!("{}: row {} has a NULL src or dst", from.display(), row + 1));
-            }
-            builder.add_edge(src.value(row), dst.value(row), weight.map(|w| w.value(row))).map_err(|e| e.to_string())?;
-        }
-        bar.inc(batch.num_rows() as u64);
-    }
+    let bar = crate::progress::rows_bar("edges", None);
+    let made = import_graph_file(&warehouse, name, from, keep_self_loops, memory, threads, &|edges| bar.set_position(edges))?;
     bar.finish_and_clear();
-    builder.finish().map_err(|e| e.to_string())
+    eprintln!("{made}");
+    Ok(())
 }
 
 /// A live bar per superstep (on a terminal): active vertices visited and edges traversed; when

@@ -1,15 +1,12 @@
 //! `quarry load`: a CSV or Parquet file into a table, atomically.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use arrow::array::RecordBatch;
 use clap::Args;
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use quarry_table::csv_import::{CsvBatchReader, CsvOptions, infer_csv_schema};
-use quarry_table::ingest::write_batches;
-use quarry_table::{PageEncoding, SegmentOptions, TableError, Warehouse, WriteMode};
+use quarry_table::csv_import::CsvOptions;
+use quarry_table::ingest::{LoadOptions, LoadSource, load_table};
+use quarry_table::{PageEncoding, SegmentOptions, Warehouse};
 
 use crate::progress::rows_bar;
 use crate::target::Target;
@@ -64,64 +61,34 @@ pub fn run(target: &Target, args: LoadArgs, threads: usize) -> CliResult {
     })
 }
 
-fn load(warehouse: &Path, mut args: LoadArgs, threads: usize) -> CliResult {
+fn load(warehouse: &Path, args: LoadArgs, threads: usize) -> CliResult {
     let started = Instant::now();
-    // Table names fold to lowercase, as unquoted SQL identifiers do.
-    args.table = args.table.to_lowercase();
+    let table = args.table.to_lowercase();
     let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
-    let format = args.format.clone().unwrap_or_else(|| {
-        let parquet = args.path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
-        if parquet { "parquet" } else { "csv" }.to_string()
-    });
-    let mode = if args.append { WriteMode::Append } else { WriteMode::Replace };
-    let options = SegmentOptions { bloom_filter_columns: args.bloom_filter.clone(), page_encoding: args.page_encoding };
-    let bar = rows_bar(&args.table, None);
-    let progress = |rows: u64| bar.set_position(rows);
-    let manifest = match format.as_str() {
-        "parquet" => {
-            if args.schema.is_some() {
-                return Err("--schema applies to CSV files; a Parquet file carries its own schema".into());
-            }
-            let file = File::open(&args.path).map_err(|e| format!("opening {}: {e}", args.path.display()))?;
-            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-                .and_then(|b| b.with_batch_size(64 * 1024).build())
-                .map_err(|e| format!("{}: not a readable Parquet file: {e}", args.path.display()))?;
-            let schema = arrow::array::RecordBatchReader::schema(&reader);
-            let writer = warehouse.begin_write(&args.table, &schema, mode, options, vec![]).map_err(|e| e.to_string())?;
-            let path = args.path.clone();
-            let batches = reader.map(|b: Result<RecordBatch, _>| {
-                b.map_err(|e| TableError::InvalidInput { file: path.clone(), reason: e.to_string() })
-            });
-            let segments = write_batches(&writer, batches, &progress).map_err(|e| e.to_string())?;
-            writer.commit(segments, vec![]).map_err(|e| e.to_string())?
-        }
-        _ => {
-            let csv = CsvOptions {
-                delimiter: single_byte(args.delimiter, "--delimiter")?,
-                escape: args.escape.map(|c| single_byte(c, "--escape")).transpose()?,
-                has_header: !args.no_header,
-                null_text: args.null.clone(),
-                ..CsvOptions::default()
-            };
-            let existing = (args.append && warehouse.table_exists(&args.table)).then(|| warehouse.table(&args.table));
-            let schema = match (&args.schema, existing) {
-                // Appending without a schema: parse the file as the table's columns.
-                (None, Some(table)) => table.map_err(|e| e.to_string())?.schema,
-                (Some(text), _) => with_runtime(threads.min(2), async {
-                    quarry_engine::parse_schema(text).await.map_err(|e| format!("--schema: {}", quarry_engine::user_message(&e)))
-                })?,
-                (None, None) => infer_csv_schema(&args.path, &csv).map_err(|e| e.to_string())?,
-            };
-            let writer = warehouse.begin_write(&args.table, &schema, mode, options, vec![]).map_err(|e| e.to_string())?;
-            let reader = CsvBatchReader::try_new(&args.path, writer.schema().clone(), csv).map_err(|e| e.to_string())?;
-            let segments = write_batches(&writer, reader, &progress).map_err(|e| e.to_string())?;
-            writer.commit(segments, vec![]).map_err(|e| e.to_string())?
-        }
+    let schema = match &args.schema {
+        Some(text) => Some(with_runtime(threads.min(2), async {
+            quarry_engine::parse_schema(text).await.map_err(|e| format!("--schema: {}", quarry_engine::user_message(&e)))
+        })?),
+        None => None,
     };
+    let options = LoadOptions {
+        append: args.append,
+        format: args.format.clone(),
+        schema,
+        csv: CsvOptions {
+            delimiter: single_byte(args.delimiter, "--delimiter")?,
+            escape: args.escape.map(|c| single_byte(c, "--escape")).transpose()?,
+            has_header: !args.no_header,
+            null_text: args.null.clone(),
+            ..CsvOptions::default()
+        },
+        segments: SegmentOptions { bloom_filter_columns: args.bloom_filter.clone(), page_encoding: args.page_encoding },
+    };
+    let bar = rows_bar(&table, None);
+    let manifest = load_table(&warehouse, &table, LoadSource::File(args.path.clone()), &options, &|rows| bar.set_position(rows)).map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     eprintln!(
-        "{}: {} rows in {} segments (version {}), {:.2}s",
-        args.table,
+        "{table}: {} rows in {} segments (version {}), {:.2}s",
         manifest.total_rows(),
         manifest.segments.len(),
         manifest.version,

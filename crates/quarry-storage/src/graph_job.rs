@@ -15,7 +15,7 @@ use std::time::Instant;
 use arrow::array::{ArrayRef, Float64Builder, Int64Builder, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use quarry_graph::algorithms::{PageRankOptions, UNREACHED, bfs, betweenness, connected_components, pagerank, sample_sources, sssp};
-use quarry_graph::{Cancel, EngineConfig, Graph, ImportOptions, KroneckerParams, Progress, RunStats, generate_kronecker};
+use quarry_graph::{Cancel, EngineConfig, Graph, GraphBuilder, ImportOptions, ImportStats, KroneckerParams, Progress, RunStats, generate_kronecker, import_edge_files};
 use quarry_table::ingest::write_batches;
 use quarry_table::{Damage, ScrubReport, SegmentOptions, TableError, Warehouse, WriteMode};
 use serde::{Deserialize, Serialize};
@@ -310,6 +310,75 @@ impl GraphHome {
             })
             .collect()
     }
+}
+
+/// Imports the edge file `from` (Parquet with columns src, dst[, weight]; CSV with that header;
+/// or text) as graph `name` within `memory` bytes; `progress` gets the Parquet edges read so
+/// far. One line describing the graph made.
+pub fn import_graph_file(
+    warehouse: &Warehouse,
+    name: &str,
+    from: &std::path::Path,
+    keep_self_loops: bool,
+    memory: usize,
+    threads: usize,
+    progress: &dyn Fn(u64),
+) -> Result<String, String> {
+    let started = Instant::now();
+    let home = GraphHome::open(warehouse)?;
+    let dest = home.path(name)?;
+    let options = home.import_options(memory, threads).with_self_loops(keep_self_loops);
+    let is_parquet = from.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
+    let (graph, stats) =
+        if is_parquet { import_parquet(from, &dest, options, progress)? } else { import_edge_files(&[from], None, &dest, options).map_err(|e| e.to_string())? };
+    Ok(format!(
+        "{name}: {} vertices, {} edges ({} read, {} duplicates and {} self-loops removed), {:.2}s",
+        graph.vertices(),
+        graph.edges_count(),
+        stats.edges_read,
+        stats.duplicates_removed,
+        stats.self_loops_dropped,
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+fn import_parquet(from: &std::path::Path, dest: &std::path::Path, options: ImportOptions, progress: &dyn Fn(u64)) -> Result<(Graph, ImportStats), String> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{Float32Type, UInt64Type};
+    let file = std::fs::File::open(from).map_err(|e| format!("opening {}: {e}", from.display()))?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.with_batch_size(64 * 1024).build())
+        .map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    for column in ["src", "dst"] {
+        if schema.field_with_name(column).is_err() {
+            return Err(format!("{}: an edge list needs columns src and dst (and optionally weight)", from.display()));
+        }
+    }
+    let weighted = schema.field_with_name("weight").is_ok();
+    let mut builder = GraphBuilder::new(dest, options.with_weighted(weighted)).map_err(|e| e.to_string())?;
+    let mut read = 0;
+    for batch in reader {
+        let batch = batch.map_err(|e| format!("{}: {e}", from.display()))?;
+        let column = |name: &str, to: &DataType| -> Result<ArrayRef, String> {
+            let array = batch.column_by_name(name).expect("checked above");
+            arrow::compute::cast(array, to).map_err(|e| format!("{}: column {name}: {e}", from.display()))
+        };
+        let src = column("src", &DataType::UInt64)?;
+        let dst = column("dst", &DataType::UInt64)?;
+        let (src, dst) = (src.as_primitive::<UInt64Type>(), dst.as_primitive::<UInt64Type>());
+        let weight = if weighted { Some(column("weight", &DataType::Float32)?) } else { None };
+        let weight = weight.as_ref().map(|w| w.as_primitive::<Float32Type>());
+        for row in 0..batch.num_rows() {
+            if src.is_null(row) || dst.is_null(row) {
+                return Err(format!("{}: row {} has a NULL src or dst", from.display(), read + row as u64 + 1));
+            }
+            builder.add_edge(src.value(row), dst.value(row), weight.map(|w| w.value(row))).map_err(|e| e.to_string())?;
+        }
+        read += batch.num_rows() as u64;
+        progress(read);
+    }
+    builder.finish().map_err(|e| e.to_string())
 }
 
 /// Runs `job` over `warehouse`'s graphs with `threads` threads, reporting to `progress` (an

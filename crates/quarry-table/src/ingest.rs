@@ -106,3 +106,84 @@ where
     results.sort_by_key(|(index, _)| *index);
     Ok(results.into_iter().map(|(_, meta)| meta).collect())
 }
+
+/// Where a load's rows come from.
+pub enum LoadSource {
+    /// A CSV or Parquet file (Parquet by its `.parquet` extension unless a format is given).
+    File(std::path::PathBuf),
+    /// Batches in memory (their schema becomes the table's), e.g. from Python.
+    Batches(Box<dyn arrow::array::RecordBatchReader + Send>),
+}
+
+/// How a load writes.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Add the rows to the table instead of replacing it.
+    pub append: bool,
+    /// `"csv"` or `"parquet"` for a file; `None` goes by its extension.
+    pub format: Option<String>,
+    /// A CSV file's columns; `None` infers them (or takes the table's when appending).
+    pub schema: Option<arrow::datatypes::SchemaRef>,
+    /// How a CSV file is parsed.
+    pub csv: crate::csv_import::CsvOptions,
+    /// How segments are written.
+    pub segments: crate::SegmentOptions,
+}
+
+/// Loads `source` into `table` (its name folded to lowercase, as unquoted SQL identifiers are)
+/// as one atomic commit: on an error the table is as it was. `progress` gets the rows written
+/// so far. The new version's manifest.
+pub fn load_table(
+    warehouse: &crate::Warehouse,
+    table: &str,
+    source: LoadSource,
+    options: &LoadOptions,
+    progress: &dyn Fn(u64),
+) -> Result<crate::manifest::Manifest> {
+    use crate::TableError;
+    use crate::csv_import::{CsvBatchReader, infer_csv_schema};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let table = table.to_lowercase();
+    let mode = if options.append { crate::WriteMode::Append } else { crate::WriteMode::Replace };
+    let write = |schema: &arrow::datatypes::SchemaRef, batches: &mut dyn Iterator<Item = Result<RecordBatch>>| {
+        let writer = warehouse.begin_write(&table, schema, mode, options.segments.clone(), vec![])?;
+        let segments = write_batches(&writer, batches, progress)?;
+        writer.commit(segments, vec![])
+    };
+    let path = match source {
+        LoadSource::Batches(reader) => {
+            let schema = reader.schema();
+            let invalid = |e: arrow::error::ArrowError| TableError::InvalidInput { file: "<arrow data>".into(), reason: e.to_string() };
+            return write(&schema, &mut reader.map(|b| b.map_err(invalid)));
+        }
+        LoadSource::File(path) => path,
+    };
+    let parquet = match options.format.as_deref() {
+        Some("parquet") => true,
+        Some("csv") => false,
+        Some(other) => return Err(TableError::InvalidInput { file: path, reason: format!("unknown format '{other}' (csv or parquet)") }),
+        None => path.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet")),
+    };
+    if parquet {
+        if options.schema.is_some() {
+            return Err(TableError::InvalidInput { file: path, reason: "a schema applies to CSV files; a Parquet file carries its own".into() });
+        }
+        let invalid = |e: &dyn std::fmt::Display| TableError::InvalidInput { file: path.clone(), reason: format!("not a readable Parquet file: {e}") };
+        let file = std::fs::File::open(&path).map_err(|e| TableError::InvalidInput { file: path.clone(), reason: format!("opening: {e}") })?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.with_batch_size(64 * 1024).build()).map_err(|e| invalid(&e))?;
+        let schema = arrow::array::RecordBatchReader::schema(&reader);
+        return write(&schema, &mut reader.map(|b| b.map_err(|e| invalid(&e))));
+    }
+    let existing = (options.append && warehouse.table_exists(&table)).then(|| warehouse.table(&table));
+    let schema = match (&options.schema, existing) {
+        (Some(schema), _) => schema.clone(),
+        // Appending without a schema: parse the file as the table's columns.
+        (None, Some(existing)) => existing?.schema,
+        (None, None) => infer_csv_schema(&path, &options.csv)?,
+    };
+    let writer = warehouse.begin_write(&table, &schema, mode, options.segments.clone(), vec![])?;
+    let reader = CsvBatchReader::try_new(&path, writer.schema().clone(), options.csv.clone())?;
+    let segments = write_batches(&writer, reader, progress)?;
+    writer.commit(segments, vec![])
+}
