@@ -120,7 +120,7 @@ impl Connection {
     fn import_graph(&self, py: Python<'_>, name: &str, path: PathBuf, keep_self_loops: bool, memory: Option<u64>) -> PyResult<String> {
         let warehouse = self.embedded("importing a graph")?;
         let memory = memory.unwrap_or(GRAPH_MEMORY) as usize;
-        py.detach(|| import_graph_file(&warehouse, name, &path, keep_self_loops, memory, self.threads, &|_| {})).map_err(GraphError::new_err)
+        py.detach(|| import_graph_file(&warehouse, name, &path, keep_self_loops, memory, self.threads, &|_, _| {})).map_err(GraphError::new_err)
     }
 
     /// Runs `algorithm` on graph `graph`; the table holding the result.

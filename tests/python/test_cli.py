@@ -424,3 +424,26 @@ def test_graph_gen_shows_edges_generated_on_a_terminal(tmp_path):
     assert re.search(r"k: \d+ vertices, \d+ edges kept of 4194304 generated", drawn), drawn[-2000:]
     piped = q.run_quarry(["graph", "gen", "kron", "j", "--scale", "18"], tmp_path / "wh")
     assert "generating" not in piped.stdout + piped.stderr and "\r" not in piped.stderr, piped.stderr
+
+
+def test_bench_draws_a_chart_with_a_peers_times_and_ratios(tmp_path):
+    """`quarry bench --chart` draws the per-query times as PNG or SVG; with `--peer` (another
+    run's --json) each query gets the peer's bar and the ratio of the times above."""
+    from xml.etree import ElementTree
+
+    from PIL import Image
+
+    wh = tmp_path / "wh"
+    args = ["bench", "ssb", "--sf", "0.01", "--repeat", "1", "--queries", "q1.1,q2.1,q3.1"]
+    q.run_quarry([*args, "--json", tmp_path / "peer.json", "--chart", tmp_path / "alone.png"], wh)
+    with Image.open(tmp_path / "alone.png") as image:
+        assert image.size == (1200, 600)
+        colors = {color for _, color in image.convert("RGB").getcolors(1 << 20)}
+    assert (31, 119, 180) in colors and (255, 127, 14) not in colors, "Quarry's bars alone"
+    q.run_quarry([*args, "--chart", tmp_path / "beside.svg", "--peer", tmp_path / "peer.json", "--peer-name", "earlier"], wh)
+    texts = [(t.text or "").strip() for t in ElementTree.parse(tmp_path / "beside.svg").iter() if t.tag.endswith("text")]
+    assert {"q1.1", "q2.1", "q3.1"} <= set(texts), texts
+    assert "earlier" in texts, texts
+    assert len([t for t in texts if re.fullmatch(r"\d+\.\d\dx", t)]) == 3, texts
+    bad = q.run_quarry([*args, "--chart", tmp_path / "chart.gif"], wh, check=False)
+    assert bad.returncode != 0 and "must end in .png or .svg" in bad.stderr, bad.stderr

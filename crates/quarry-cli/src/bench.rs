@@ -9,6 +9,7 @@ use quarry_engine::user_message;
 use quarry_table::{PageEncoding, Warehouse};
 use serde_json::json;
 
+use crate::chart::{Timed, draw, read_peer};
 use crate::generate::generate_tables;
 use crate::queries::suite;
 use crate::target::Target;
@@ -34,6 +35,16 @@ pub struct BenchArgs {
     /// Also write the times as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also draw the times into this chart (.png or .svg).
+    #[arg(long)]
+    chart: Option<PathBuf>,
+    /// A peer's times to draw beside Quarry's, with the ratios (a `--json` file of another
+    /// run: another system's or configuration's).
+    #[arg(long, requires = "chart")]
+    peer: Option<PathBuf>,
+    /// The peer's name on the chart (default: its file's name).
+    #[arg(long, requires = "peer")]
+    peer_name: Option<String>,
 }
 
 pub fn run(target: &Target, args: BenchArgs, threads: usize) -> CliResult {
@@ -43,6 +54,8 @@ pub fn run(target: &Target, args: BenchArgs, threads: usize) -> CliResult {
         ensure_data(&warehouse, &args.suite, args.sf, threads)?;
     }
     let repeat = args.repeat.max(1);
+    // Read before the runs, so that a bad peer file fails at once.
+    let peer = args.peer.as_deref().map(read_peer).transpose()?;
     with_runtime(threads, async {
         let session = target.session().await?;
         let mut results = Vec::new();
@@ -81,6 +94,15 @@ pub fn run(target: &Target, args: BenchArgs, threads: usize) -> CliResult {
             let report = json!({"suite": args.suite, "sf": args.sf, "threads": threads, "queries": results});
             std::fs::write(path, serde_json::to_string_pretty(&report).expect("json") + "\n")
                 .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        }
+        if let Some(path) = &args.chart {
+            let times: Vec<Timed> = results
+                .iter()
+                .map(|r| Timed { name: r["name"].as_str().unwrap_or_default().to_string(), ms: r["best_ms"].as_f64().unwrap_or(0.0) })
+                .collect();
+            let peer_name = args.peer_name.clone().or_else(|| args.peer.as_ref().and_then(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()));
+            let title = format!("{} SF {} on {threads} threads, best of {repeat}", args.suite, args.sf);
+            draw(path, &title, &times, peer.as_ref().map(|times| (peer_name.as_deref().unwrap_or("peer"), times)))?;
         }
         Ok(())
     })

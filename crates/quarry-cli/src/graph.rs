@@ -204,9 +204,14 @@ async fn call_node(node: &RemoteStorageNode, job: GraphJob) -> CliResult<(Option
 
 fn import(warehouse: &Path, name: &str, from: &Path, keep_self_loops: bool, memory: usize, threads: usize) -> CliResult {
     let warehouse = Warehouse::open(warehouse).map_err(|e| e.to_string())?;
-    let bar = crate::progress::rows_bar("edges", None);
-    let made = import_graph_file(&warehouse, name, from, keep_self_loops, memory, threads, &|edges| bar.set_position(edges))?;
-    bar.finish_and_clear();
+    // Made at the first report, which brings the file's rows.
+    let bar = std::sync::OnceLock::new();
+    let made = import_graph_file(&warehouse, name, from, keep_self_loops, memory, threads, &|edges, total| {
+        bar.get_or_init(|| crate::progress::rows_bar("edges", Some(total))).set_position(edges)
+    })?;
+    if let Some(bar) = bar.get() {
+        bar.finish_and_clear();
+    }
     eprintln!("{made}");
     Ok(())
 }

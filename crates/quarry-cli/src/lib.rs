@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod chart;
 pub mod generate;
 pub mod graph;
 pub mod load;

@@ -314,7 +314,7 @@ impl GraphHome {
 
 /// Imports the edge file `from` (Parquet with columns src, dst[, weight]; CSV with that header;
 /// or text) as graph `name` within `memory` bytes; `progress` gets the Parquet edges read so
-/// far. One line describing the graph made.
+/// far and the file's rows. One line describing the graph made.
 pub fn import_graph_file(
     warehouse: &Warehouse,
     name: &str,
@@ -322,7 +322,7 @@ pub fn import_graph_file(
     keep_self_loops: bool,
     memory: usize,
     threads: usize,
-    progress: &dyn Fn(u64),
+    progress: &dyn Fn(u64, u64),
 ) -> Result<String, String> {
     let started = Instant::now();
     let home = GraphHome::open(warehouse)?;
@@ -342,13 +342,14 @@ pub fn import_graph_file(
     ))
 }
 
-fn import_parquet(from: &std::path::Path, dest: &std::path::Path, options: ImportOptions, progress: &dyn Fn(u64)) -> Result<(Graph, ImportStats), String> {
+fn import_parquet(from: &std::path::Path, dest: &std::path::Path, options: ImportOptions, progress: &dyn Fn(u64, u64)) -> Result<(Graph, ImportStats), String> {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Float32Type, UInt64Type};
     let file = std::fs::File::open(from).map_err(|e| format!("opening {}: {e}", from.display()))?;
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(64 * 1024).build())
-        .map_err(|e| format!("{}: not a readable Parquet file: {e}", from.display()))?;
+    let unreadable = |e: parquet::errors::ParquetError| format!("{}: not a readable Parquet file: {e}", from.display());
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).map_err(unreadable)?;
+    let total = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let reader = builder.with_batch_size(64 * 1024).build().map_err(unreadable)?;
     let schema = arrow::array::RecordBatchReader::schema(&reader);
     for column in ["src", "dst"] {
         if schema.field_with_name(column).is_err() {
@@ -376,7 +377,7 @@ fn import_parquet(from: &std::path::Path, dest: &std::path::Path, options: Impor
             builder.add_edge(src.value(row), dst.value(row), weight.map(|w| w.value(row))).map_err(|e| e.to_string())?;
         }
         read += batch.num_rows() as u64;
-        progress(read);
+        progress(read, total);
     }
     builder.finish().map_err(|e| e.to_string())
 }
