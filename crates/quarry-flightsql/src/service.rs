@@ -90,7 +90,6 @@ impl QuarryFlightSql {
         let schema = result_schema(&plan);
         let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Option<RecordBatch>, Status>>(2);
         let task_schema = Arc::clone(&schema);
-        let state = Arc::clone(&self.state);
         let task = self.queries.spawn(async move {
             let result = async {
                 let mut stream = session.stream(plan).await.map_err(status)?;
@@ -105,11 +104,10 @@ impl QuarryFlightSql {
             .await;
             // The end marker: a stream that closes without it was cancelled.
             let _ = sender.send(result.map(|()| None)).await;
-            state.ended(id);
         });
         self.state.started(id, task.abort_handle());
-        let abort_on_drop = AbortOnDrop(task.abort_handle());
-        let batches = futures::stream::unfold((receiver, Some(abort_on_drop)), |(mut receiver, guard)| async move {
+        let running = RunningQuery { state: Arc::clone(&self.state), id, task: task.abort_handle() };
+        let batches = futures::stream::unfold((receiver, Some(running)), |(mut receiver, guard)| async move {
             guard.as_ref()?;
             match receiver.recv().await {
                 Some(Ok(Some(batch))) => Some((Ok(batch), (receiver, guard))),
@@ -193,12 +191,19 @@ impl StatementTicket {
     }
 }
 
-/// Aborts a query's task when the response stream is dropped (the client went away).
-struct AbortOnDrop(tokio::task::AbortHandle);
+/// A running query's hold on its task. Dropped with the response stream (the result was sent,
+/// or the client went away), it stops the task and forgets the query, whichever of the task's
+/// end and [`ServerState::started`] came first.
+struct RunningQuery {
+    state: Arc<ServerState>,
+    id: u64,
+    task: tokio::task::AbortHandle,
+}
 
-impl Drop for AbortOnDrop {
+impl Drop for RunningQuery {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        self.state.ended(self.id);
     }
 }
 
