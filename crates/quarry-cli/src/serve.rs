@@ -45,16 +45,8 @@ pub struct ServeArgs {
     /// the metrics).
     #[arg(long)]
     scrub_mbps: Option<f64>,
-    /// This node's TLS certificate chain (PEM): it serves grpc+tls:// (with --tls-key).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Serve plaintext beyond loopback (refused otherwise): the token and the data cross the
-    /// network in the clear.
-    #[arg(long)]
-    insecure: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Record every read of segment files into this file (`SECONDS R FILE OFFSET BYTES` per
     /// line), the trace `quarry model emos` simulates.
     #[arg(long)]
@@ -81,20 +73,20 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
     profile.max_sessions = args.max_sessions.or(profile.max_sessions);
     profile.validate()?;
     let token = target.token_file.as_deref().map(read_token_file).transpose()?;
-    let tls = tls_identity(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
+    let tls = args.tls.identity()?;
     let warehouse_dir: &Path = &target.warehouse;
     let warehouse = Warehouse::open(warehouse_dir).map_err(|e| e.to_string())?;
     let profile_name = profile.name.clone();
     with_runtime(threads, async move {
         let node = LocalStorageNode::with_profile(warehouse, profile).map_err(|e| quarry_engine::user_message(&e))?;
-        if args.insecure && tls.is_none() && !args.listen.ip().is_loopback() {
+        if args.tls.insecure && tls.is_none() && !args.listen.ip().is_loopback() {
             eprintln!("quarry: warning: serving {} without TLS (--insecure): the token and the data cross the network in the clear", args.listen);
         }
         if !(args.write_lease > 0.0 && args.write_lease.is_finite()) {
             return Err("--write-lease must be a positive number of seconds".into());
         }
         let write_lease = Duration::from_secs_f64(args.write_lease);
-        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.insecure };
+        let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.tls.insecure };
         let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)).with_write_lease(write_lease));
         if let Some(path) = &args.io_trace {
             node.record_io_trace(path)?;
@@ -118,11 +110,28 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
     })
 }
 
-/// The TLS identity in the certificate chain and key files, if both are given.
-pub fn tls_identity(cert: Option<&Path>, key: Option<&Path>) -> CliResult<Option<TlsIdentity>> {
-    let read = |path: &Path, what: &str| std::fs::read(path).map_err(|e| format!("reading the TLS {what} {}: {e}", path.display()));
-    Ok(match (cert, key) {
-        (Some(cert), Some(key)) => Some(TlsIdentity { cert_pem: read(cert, "certificate")?, key_pem: read(key, "key")? }),
-        _ => None,
-    })
+/// How a Flight server (`quarry serve`, `quarry server`) secures its transport.
+#[derive(Debug, Args)]
+pub struct TlsArgs {
+    /// The server's TLS certificate chain (PEM): it serves grpc+tls:// (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plaintext beyond loopback (refused otherwise): the token and the data cross the
+    /// network in the clear.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl TlsArgs {
+    /// The TLS identity in the certificate chain and key files, if both are given.
+    pub fn identity(&self) -> CliResult<Option<TlsIdentity>> {
+        let read = |path: &Path, what: &str| std::fs::read(path).map_err(|e| format!("reading the TLS {what} {}: {e}", path.display()));
+        Ok(match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsIdentity { cert_pem: read(cert, "certificate")?, key_pem: read(key, "key")? }),
+            _ => None,
+        })
+    }
 }
