@@ -343,17 +343,28 @@ def test_tables_json_lists_schemas_rows_and_sizes(seq_warehouse, tmp_path):
     assert [v["version"] for v in spread["versions"]] == [m["version"] for m in manifests], spread
 
 
-def _run_on_terminal(args):
-    """Runs quarry with stdout and stderr on a pseudo-terminal; everything it drew."""
+def _run_on_terminal(args, typed=()):
+    """Runs quarry with stdout and stderr on a pseudo-terminal; everything it drew. Lines in
+    `typed` are typed on it too, one at each shell prompt."""
     import pty
     import select
     import subprocess
+    import time
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([q.quarry_bin(), *map(str, args)], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, close_fds=True)
+    stdin = slave if typed else subprocess.DEVNULL
+    proc = subprocess.Popen([q.quarry_bin(), *map(str, args)], stdin=stdin, stdout=slave, stderr=slave, close_fds=True)
     os.close(slave)
     drawn = b""
+    sent = 0
+    deadline = time.monotonic() + 120
     while True:
+        if sent < len(typed) and drawn.count(b"quarry> ") > sent:
+            os.write(master, typed[sent].encode() + b"\r")
+            sent += 1
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"quarry did not finish: {drawn[-2000:]!r}")
         ready, _, _ = select.select([master], [], [], 1)
         if ready:
             try:
@@ -381,6 +392,48 @@ def test_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
     piped = q.run_quarry(["gen", "ssb", "--sf", "1"], tmp_path / "pipe")
     assert "eta" not in piped.stdout + piped.stderr and "\r" not in piped.stdout + piped.stderr, piped.stderr
     assert re.search(r"lineorder: \d+ rows in \d+ segments", piped.stdout + piped.stderr), piped.stdout + piped.stderr
+
+
+def _query_bars(drawn):
+    """The query bars drawn: (bytes read, bytes planned) of each."""
+
+    def size(text):
+        number, unit = text.split()
+        return float(number) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
+
+    return [(size(done), size(total)) for done, total in re.findall(r"query \[[=> ]{30}\] ([\d.]+ \w+)/([\d.]+ \w+) ", drawn)]
+
+
+def _assert_live_bar_then_result(drawn):
+    bars = _query_bars(drawn)
+    assert len(bars) >= 2, drawn[-3000:]
+    done, totals = [b[0] for b in bars], {b[1] for b in bars}
+    # Live: the bar moved, and showed the query part way through.
+    assert len(totals) == 1 and done == sorted(done) and any(0 < d < bars[0][1] for d in done), bars
+    # The result comes after the last bar (which was cleared), with every group.
+    assert drawn.rfind("query [") < drawn.find("| A "), drawn[-3000:]
+    counts = dict(re.findall(r"\| ([ANR]) +\| (\d+) +\|", drawn))
+    assert set(counts) == {"A", "N", "R"} and sum(map(int, counts.values())) == 600572, counts
+
+
+def test_long_query_shows_its_progress_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    """A query that runs past a second draws a live bar of the stored bytes read of those
+    planned, gone before its result: in the shell (embedded), and in `quarry sql` through a
+    storage node, whose progress crosses the link while the fragment runs; into a pipe, none.
+    A device profile that reads 4 MB/s makes TPC-H SF 0.1's lineitem (12 segments) slow."""
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "tpch", "--sf", "0.1", "--segment-rows", "50000"], warehouse)
+    profile = json.loads((q.REPO_ROOT / "profiles" / "softflash.json").read_text())
+    profile.update(name="slow", read_mbps=4, link_mbps=4)
+    (tmp_path / "slow.json").write_text(json.dumps(profile))
+    sql = "select l_returnflag, count(*) as n from lineitem group by l_returnflag order by l_returnflag"
+    slow = ["--profile", tmp_path / "slow.json"]
+    _assert_live_bar_then_result(_run_on_terminal(["--warehouse", warehouse, *slow, "shell"], typed=[f"{sql};", ".quit"]))
+    with q.StorageNodes([warehouse], extra_args=slow) as nodes:
+        _assert_live_bar_then_result(_run_on_terminal(["--nodes", nodes.arg, "sql", sql]))
+        piped = q.run_quarry(["--nodes", nodes.arg, "sql", sql])
+    assert "query [" not in piped.stderr + piped.stdout and "\r" not in piped.stderr, piped.stderr
+    assert re.search(r"\| R +\| 148301", piped.stdout), piped.stdout
 
 
 def test_bench_shows_its_runs_on_a_terminal_and_none_in_a_pipe(tmp_path):

@@ -4,10 +4,12 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use arrow::datatypes::SchemaRef;
 use clap::Args;
 use quarry_engine::{FormatSink, OutputFormat, QuarrySession, QueryStats, ResultSink, user_message};
 
 use crate::CliResult;
+use crate::progress::QueryBar;
 use crate::target::Target;
 
 #[derive(Debug, Args)]
@@ -72,13 +74,21 @@ pub async fn run_statement(
         None => Box::new(BufWriter::new(std::io::stdout())),
     };
     let mut out = Some(out);
-    session
-        .execute(statement, |schema| {
-            let sink = FormatSink::try_new(format, schema, out.take().expect("one sink per statement"))?;
-            Ok(Box::new(sink) as Box<dyn ResultSink>)
+    // A long query shows its progress on a terminal (results to a file or not).
+    let bar = QueryBar::on_terminal();
+    let sink_for = |schema: &SchemaRef| {
+        let sink: Box<dyn ResultSink> = Box::new(FormatSink::try_new(format, schema, out.take().expect("one sink per statement"))?);
+        Ok(match &bar {
+            Some(bar) => bar.clearing(sink),
+            None => sink,
         })
-        .await
-        .map_err(|e| user_message(&e))
+    };
+    let watch = |progress| {
+        if let Some(bar) = &bar {
+            bar.watch(progress);
+        }
+    };
+    session.execute_watched(statement, sink_for, watch).await.map_err(|e| user_message(&e))
 }
 
 fn write_stats(path: &Path, stats: &QueryStats) -> CliResult {

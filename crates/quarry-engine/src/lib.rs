@@ -17,6 +17,7 @@ pub mod keyed_aggregate;
 pub mod magic_set;
 pub mod output;
 pub mod placement;
+pub mod progress;
 pub mod provider;
 pub mod scan;
 pub mod schema_text;
@@ -29,6 +30,7 @@ pub mod stored_scan;
 
 pub use accounting::{DeviceStats, OperatorStats, QueryStats, Side};
 pub use placement::{Objective, PlacementRule, PushdownMode};
+pub use progress::QueryProgress;
 pub use output::{FormatSink, OutputFormat, ResultSink};
 pub use schema_text::parse_schema;
 pub use session::{EngineOptions, QuarrySession, QueryResult, user_message};

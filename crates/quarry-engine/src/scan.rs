@@ -36,7 +36,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{Stream, StreamExt, TryStreamExt};
 use quarry_storage::key_set::KeySetExpr;
-use quarry_storage::{LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, encode_fragment};
+use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, encode_fragment};
 
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot};
 use crate::placement::Placement;
@@ -114,6 +114,8 @@ pub struct FragmentExec {
     /// The output column each partition's rows are declared ascending in (see
     /// [`FragmentExec::with_ascending_output`]).
     ascending: Option<String>,
+    /// Per partition, the stored bytes its node has read so far (the query's progress).
+    progress: Vec<FragmentProgress>,
 }
 
 impl FragmentExec {
@@ -132,7 +134,6 @@ impl FragmentExec {
         );
         Ok(FragmentExec {
             root,
-            partitions,
             decisions: Vec::new(),
             accepts_join_filters: false,
             join_filters: Vec::new(),
@@ -146,6 +147,8 @@ impl FragmentExec {
             prediction: None,
             waited: Arc::new(Mutex::new(None)),
             ascending: None,
+            progress: partitions.iter().map(|_| FragmentProgress::default()).collect(),
+            partitions,
         })
     }
 
@@ -308,6 +311,25 @@ impl FragmentExec {
         self.node_stats.lock().expect("stats lock").clone()
     }
 
+    /// Per partition, its progress and the stored bytes it plans to read: each leaf's stored
+    /// bytes (of the columns it reads) shared among the partitions by their segments' sizes.
+    pub fn progress(&self) -> Vec<(FragmentProgress, u64)> {
+        let leaves = leaves(&self.root);
+        let leaf_bytes = |p: &FragmentPartition, i: usize| p.leaves[i].1.iter().map(|s| s.bytes).sum::<u64>();
+        let all: Vec<u64> = (0..leaves.len()).map(|i| self.partitions.iter().map(|p| leaf_bytes(p, i)).sum()).collect();
+        let planned = |p: &FragmentPartition| -> u64 {
+            leaves
+                .iter()
+                .enumerate()
+                .map(|(i, leaf)| match (leaf.stored_bytes(), all[i]) {
+                    (Some(stored), total) if total > 0 => (stored as f64 * leaf_bytes(p, i) as f64 / total as f64) as u64,
+                    _ => leaf_bytes(p, i),
+                })
+                .sum()
+        };
+        self.progress.iter().cloned().zip(self.partitions.iter().map(planned)).collect()
+    }
+
     /// The fragment for partition `p`: each leaf filled with that partition's segments.
     fn bind_partition(&self, partition: &FragmentPartition) -> Result<Arc<dyn ExecutionPlan>> {
         let mut next = 0;
@@ -445,6 +467,7 @@ impl ExecutionPlan for FragmentExec {
             return internal_err!("FragmentExec has no partition {partition}");
         };
         let bound = self.bind_partition(part)?;
+        let (progress, planned_bytes) = self.progress().swap_remove(partition);
         let join_filters = self.join_filters.clone();
         let key_sets = self.key_sets.clone();
         let counter = |name: &'static str| MetricBuilder::new(&self.metrics).counter(name, partition);
@@ -462,6 +485,8 @@ impl ExecutionPlan for FragmentExec {
             schema: Arc::clone(&schema),
             counters,
             node_stats: Arc::clone(&self.node_stats),
+            progress: progress.clone(),
+            planned_bytes,
             finished: false,
         };
         // Passthrough reads the stored bytes and decodes them here, unless a join filter
@@ -485,12 +510,13 @@ impl ExecutionPlan for FragmentExec {
             let host_filter = HostKeyFilter::new(&host_key_sets, &stored_schema, host_dropped, &pool)?;
             let stream = match stored {
                 Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
-                    stored_scan(node, &leaf, &segments, stored_schema, predicate, context)?
+                    stored_scan(node, &leaf, &segments, stored_schema, predicate, context, progress)?
                 }
                 _ => {
                     let mut encoded = encode_fragment(fragment)?;
                     encoded.link_codec = link_codec;
                     encoded.demand = demand;
+                    encoded.progress = progress;
                     node.execute(encoded).await?
                 }
             };
@@ -611,6 +637,9 @@ struct ResponseChecker {
     schema: SchemaRef,
     counters: FragmentCounters,
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
+    progress: FragmentProgress,
+    /// The stored bytes the partition planned to read.
+    planned_bytes: u64,
     finished: bool,
 }
 
@@ -645,6 +674,8 @@ impl ResponseChecker {
                     count.add(value as usize);
                 }
                 self.node_stats.lock().expect("stats lock").entry(node.clone()).or_default().merge(&stats);
+                // Whatever it planned to read and did not (pruned), it is done with.
+                self.progress.report(self.planned_bytes);
                 Checked::Continue
             }
             Some(Err(e)) => Checked::Item(Err(DataFusionError::Execution(format!("storage node {node}: {}", crate::session::user_message(&e))))),

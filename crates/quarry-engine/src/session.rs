@@ -37,6 +37,7 @@ use crate::small_group_aggregate::SmallGroupAggregateRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
 use crate::placement::{Objective, PlacementRule, PushdownMode};
+use crate::progress::QueryProgress;
 use crate::provider::NodeSchemaProvider;
 
 /// How a session runs queries.
@@ -237,6 +238,16 @@ impl QuarrySession {
         statement: Statement,
         sink_for: impl FnOnce(&SchemaRef) -> Result<Box<dyn ResultSink + 'a>>,
     ) -> Result<QueryStats> {
+        self.execute_watched(statement, sink_for, |_| ()).await
+    }
+
+    /// [`Self::execute`], handing `watch` the query's progress as it starts to run.
+    pub async fn execute_watched<'a>(
+        &self,
+        statement: Statement,
+        sink_for: impl FnOnce(&SchemaRef) -> Result<Box<dyn ResultSink + 'a>>,
+        watch: impl FnOnce(QueryProgress),
+    ) -> Result<QueryStats> {
         let started = Instant::now();
         let state = self.ctx.state();
         let plan = state.statement_to_plan(statement).await?;
@@ -245,6 +256,7 @@ impl QuarrySession {
         let physical = df.create_physical_plan().await?;
         let schema = physical.schema();
         let mut sink = sink_for(&schema)?;
+        watch(QueryProgress::of(&physical));
         let mut stream = execute_stream(Arc::clone(&physical), self.ctx.task_ctx())?;
         let mut rows = 0u64;
         // EXPLAIN ANALYZE's one batch comes after the query ran: it is held back to append the

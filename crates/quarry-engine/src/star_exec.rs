@@ -59,6 +59,11 @@ impl StarAggregateExec {
         Self::assemble(probe, spec, tables, dims, fact_distinct, group_count, fallback)
     }
 
+    /// The original aggregate, run instead when a dimension's keys turn out not unique.
+    pub fn fallback(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.fallback
+    }
+
     fn assemble(probe: Arc<dyn ExecutionPlan>, spec: Arc<StarSpec>, tables: TablesCell, dims: Vec<StarDimensionPlan>, fact_distinct: Vec<f64>, group_count: usize, fallback: Arc<dyn ExecutionPlan>) -> Result<Self> {
         if dims.len() != spec.keys.len() || fact_distinct.len() != dims.len() {
             return internal_err!("StarAggregateExec: {} dimensions for {} keys", dims.len(), spec.keys.len());

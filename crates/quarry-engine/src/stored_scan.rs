@@ -31,13 +31,13 @@ use object_store::{
     CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
     PutOptions, PutPayload, PutResult,
 };
-use quarry_storage::{ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode};
+use quarry_storage::{FragmentProgress, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode};
 
 /// A host-side scan of `leaf`'s `segments` on `node`: their stored bytes fetched, decoded here.
 /// `predicate` (the filters above the scan, possibly dynamic) prunes row groups and pages by
 /// their statistics only: the filters themselves still run above. The stream ends, as a
 /// node's does, with the scan's statistics: the bytes that crossed from the node count as both
-/// read and returned.
+/// read and returned. `progress` counts the bytes fetched as they arrive.
 pub fn stored_scan(
     node: Arc<dyn StorageNode>,
     leaf: &ScanLeaf,
@@ -45,6 +45,7 @@ pub fn stored_scan(
     schema: SchemaRef,
     predicate: Option<Arc<dyn PhysicalExpr>>,
     context: Arc<TaskContext>,
+    progress: FragmentProgress,
 ) -> Result<ScanStream> {
     let started = Instant::now();
     let mut stats = ScanStats {
@@ -56,7 +57,7 @@ pub fn stored_scan(
         return Ok(futures::stream::once(async move { Ok(ScanMessage::Finished(stats)) }).boxed());
     }
     let fetched = Count::new();
-    let store = SegmentStore::new(node, leaf.table.clone(), leaf.version, segments, fetched.clone());
+    let store = SegmentStore::new(node, leaf.table.clone(), leaf.version, segments, fetched.clone(), progress);
     let mut options = TableParquetOptions { global: context.session_config().options().execution.parquet.clone(), ..Default::default() };
     // The footer's exact length, then the footer: a hint (DataFusion's default, 512 KB) would
     // ship column data with it that the scan may not need.
@@ -106,12 +107,13 @@ struct SegmentStore {
     /// Segment id and size by object path.
     segments: HashMap<Path, (String, u64)>,
     fetched: Count,
+    progress: FragmentProgress,
 }
 
 impl SegmentStore {
-    fn new(node: Arc<dyn StorageNode>, table: String, version: u64, segments: &[SegmentInfo], fetched: Count) -> Self {
+    fn new(node: Arc<dyn StorageNode>, table: String, version: u64, segments: &[SegmentInfo], fetched: Count, progress: FragmentProgress) -> Self {
         let segments = segments.iter().map(|s| (Self::path(&table, version, &s.id), (s.id.clone(), s.bytes))).collect();
-        SegmentStore { node, table, version, segments, fetched }
+        SegmentStore { node, table, version, segments, fetched, progress }
     }
 
     fn path(table: &str, version: u64, segment: &str) -> Path {
@@ -132,6 +134,7 @@ impl SegmentStore {
             let bytes = read.len();
             let parts = self.node.read_segment(read).await.map_err(|e| object_store::Error::Generic { store: "storage node", source: Box::new(e) })?;
             self.fetched.add(bytes as usize);
+            self.progress.add(bytes);
             pieces.extend(parts);
         }
         SegmentRead::join(ranges, pieces).map_err(|e| object_store::Error::Generic { store: "storage node", source: format!("segment '{segment}': {e}").into() })

@@ -24,7 +24,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::auth::TokenAttach;
-use crate::wire::{CommitWrite, PutSegment, TableInfoWire, action, encode_ticket};
+use crate::wire::{CommitWrite, FragmentReport, PutSegment, TableInfoWire, action, encode_ticket};
 
 type Client = FlightServiceClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -230,18 +230,26 @@ impl StorageNode for RemoteStorageNode {
         let mut client = self.client.0.clone();
         let response = client.do_get(Ticket { ticket: encode_ticket(&fragment) }).await.map_err(|s| self.error(s))?;
         let node = self.clone();
-        // The closing message carries only the statistics; take it out before decoding.
+        // Messages without data carry the node's reports: progress goes to the fragment's
+        // slot; the statistics, in the last one, are taken out before decoding.
         let stats: Arc<Mutex<Option<Result<ScanStats>>>> = Arc::default();
         let slot = Arc::clone(&stats);
         let url = self.url.clone();
+        let progress = fragment.progress;
         let data = response.into_inner().map_err(FlightError::from).try_filter_map(move |message| {
             let slot = Arc::clone(&slot);
             let url = url.clone();
+            let progress = progress.clone();
             async move {
                 if message.data_header.is_empty() && !message.app_metadata.is_empty() {
-                    let parsed = serde_json::from_slice::<ScanStats>(&message.app_metadata)
-                        .map_err(|e| DataFusionError::Execution(format!("storage node {url}: malformed statistics: {e}")));
-                    *slot.lock().expect("stats lock") = Some(parsed);
+                    match FragmentReport::decode(&message.app_metadata) {
+                        Ok(FragmentReport::Progress(bytes)) => progress.report(bytes),
+                        Ok(FragmentReport::Finished(stats)) => {
+                            progress.report(stats.bytes_read);
+                            *slot.lock().expect("stats lock") = Some(Ok(stats));
+                        }
+                        Err(e) => *slot.lock().expect("stats lock") = Some(Err(DataFusionError::Execution(format!("storage node {url}: {e}")))),
+                    }
                     return Ok(None);
                 }
                 Ok(Some(message))

@@ -34,7 +34,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::TokenCheck;
-use crate::wire::{BeginWrite, CommitWrite, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket};
+use crate::wire::{BeginWrite, CommitWrite, FragmentReport, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket};
 
 /// The Flight service over a node: it decodes requests and calls the node's `StorageNode`.
 pub struct NodeService {
@@ -180,6 +180,14 @@ fn parse<'a, T: serde::Deserialize<'a>>(body: &'a [u8], what: &str) -> Result<T,
 
 type Stream<T> = BoxStream<'static, Result<T, Status>>;
 
+/// How often a `do_get` response reports the fragment's progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A message of `do_get`'s response that carries only a report.
+fn report(report: FragmentReport) -> FlightData {
+    FlightData { app_metadata: report.encode(), ..Default::default() }
+}
+
 #[tonic::async_trait]
 impl FlightService for NodeService {
     type HandshakeStream = Stream<HandshakeResponse>;
@@ -216,6 +224,7 @@ impl FlightService for NodeService {
         let options = IpcWriteOptions::default().try_with_compression(codec.ipc()).map_err(|e| Status::internal(e.to_string()))?;
         // Compressed batches are paced here, on the bytes sent (the node does not pace them).
         let link = if codec == LinkCodec::None { None } else { self.node.link_limiter() };
+        let progress = fragment.progress.clone();
         let messages = self.node.execute(fragment).await.map_err(status)?;
         let stats: Arc<Mutex<Option<ScanStats>>> = Arc::default();
         let stats_slot = Arc::clone(&stats);
@@ -269,12 +278,25 @@ impl FlightService for NodeService {
                         stats.link_bytes = bytes;
                         stats.link_wait_ns += waited;
                     }
-                    Ok(FlightData { app_metadata: Bytes::from(serde_json::to_vec(&stats).expect("stats serialize")), ..Default::default() })
+                    Ok(report(FragmentReport::Finished(stats)))
                 }
                 None => Err(Status::internal("fragment ended without statistics")),
             }
         });
-        Ok(Response::new(encoded.chain(closing).boxed()))
+        // Until the fragment ends: its progress, whenever it has moved on.
+        let (ended, ended_rx) = tokio::sync::oneshot::channel::<()>();
+        let fragment = encoded.chain(closing).chain(futures::stream::once(async move { drop(ended) }).filter_map(|()| async { None }));
+        let progress = futures::stream::unfold((progress, 0), |(progress, reported)| async move {
+            loop {
+                tokio::time::sleep(PROGRESS_INTERVAL).await;
+                let read = progress.bytes_read();
+                if read > reported {
+                    return Some((Ok(report(FragmentReport::Progress(read))), (progress, read)));
+                }
+            }
+        })
+        .take_until(ended_rx);
+        Ok(Response::new(futures::stream::select(fragment, progress).boxed()))
     }
 
     async fn do_put(&self, request: Request<Streaming<FlightData>>) -> Result<Response<Self::DoPutStream>, Status> {

@@ -11,7 +11,7 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 pub use quarry_storage::BeginWrite;
-use quarry_storage::{Fragment, LinkCodec, SegmentColumn, SegmentInfo, TableInfo};
+use quarry_storage::{Fragment, LinkCodec, ScanStats, SegmentColumn, SegmentInfo, TableInfo};
 use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
 
@@ -60,7 +60,43 @@ pub fn decode_ticket(ticket: bytes::Bytes) -> std::result::Result<Fragment, Stri
     };
     let link_codec = LinkCodec::from_tag(tag).ok_or_else(|| format!("the fragment ticket asks for link codec {tag}, which this node does not know"))?;
     let demand = u64::from_le_bytes(demand.try_into().expect("eight bytes"));
-    Ok(Fragment { plan: ticket.slice(TICKET_HEADER..), link_codec, demand })
+    Ok(Fragment { plan: ticket.slice(TICKET_HEADER..), link_codec, demand, progress: Default::default() })
+}
+
+/// A `do_get` response's messages without data (no IPC header): reports of the node's progress
+/// while it runs the fragment, then its statistics as the last message.
+#[derive(Debug)]
+pub enum FragmentReport {
+    /// Stored bytes read so far.
+    Progress(u64),
+    /// The fragment's accounting; nothing follows.
+    Finished(ScanStats),
+}
+
+/// A progress report's metadata: `{"progress_bytes_read": N}`, which no statistics message has.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressWire {
+    progress_bytes_read: u64,
+}
+
+impl FragmentReport {
+    /// The message's `app_metadata`.
+    pub fn encode(&self) -> bytes::Bytes {
+        let json = match self {
+            FragmentReport::Progress(bytes) => serde_json::to_vec(&ProgressWire { progress_bytes_read: *bytes }),
+            FragmentReport::Finished(stats) => serde_json::to_vec(stats),
+        };
+        bytes::Bytes::from(json.expect("report serializes"))
+    }
+
+    /// The report in a message's `app_metadata`.
+    pub fn decode(metadata: &[u8]) -> std::result::Result<FragmentReport, String> {
+        if let Ok(progress) = serde_json::from_slice::<ProgressWire>(metadata) {
+            return Ok(FragmentReport::Progress(progress.progress_bytes_read));
+        }
+        serde_json::from_slice::<ScanStats>(metadata).map(FragmentReport::Finished).map_err(|e| format!("malformed statistics: {e}"))
+    }
 }
 
 /// The most bytes one result of `read_segment` carries (well under gRPC's 4 MiB default

@@ -129,7 +129,7 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
     }
     // Bytes that are no plan.
     for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {
-        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage), link_codec: LinkCodec::None, demand: 0 }).await.unwrap_err().to_string();
+        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage), link_codec: LinkCodec::None, demand: 0, progress: Default::default() }).await.unwrap_err().to_string();
         assert!(error.contains("fragment rejected: the plan does not decode"), "{garbage:?}: {error}");
         assert!(!error.contains("bug report") && !error.contains('\n'), "one line in Quarry's words: {error}");
     }

@@ -2,9 +2,12 @@
 //!
 //! Every type here is plain data (names, Arrow schemas and batches, logical expressions), so the
 //! same trait can be served in-process ([`crate::LocalStorageNode`]) or over the network: nothing
-//! assumes shared memory or a shared file system between host and node.
+//! assumes shared memory or a shared file system between host and node. (A fragment's
+//! [`FragmentProgress`] is the one exception: each side of a transport keeps its own.)
 
 use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::SchemaRef;
@@ -112,6 +115,38 @@ pub struct Fragment {
     /// The host's estimate of the fragment's weighted memory demand (Hetero-DB's eq. (2),
     /// `admission.rs`), bytes: the node admits it when it fits beside the work it runs.
     pub demand: u64,
+    /// Where the node reports, while it runs the fragment, how many stored bytes it has read
+    /// (the host's progress bar). Not part of the wire form: a remote node's transport carries
+    /// its reports in messages of their own.
+    pub progress: FragmentProgress,
+}
+
+/// The stored bytes a running fragment has read so far, as last reported: shared by the node
+/// (or the transport relaying it), which raises it, and the host, which reads it.
+#[derive(Debug, Clone, Default)]
+pub struct FragmentProgress(Arc<AtomicU64>);
+
+impl FragmentProgress {
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Records that `bytes` have been read in all; a report lower than an earlier one (they
+    /// can arrive out of order) changes nothing.
+    pub fn report(&self, bytes: u64) {
+        self.0.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// Records `bytes` more read.
+    pub fn add(&self, bytes: u64) {
+        self.0.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether `other` is this same fragment's progress (a clone of it).
+    pub fn same(&self, other: &FragmentProgress) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Compression of the Arrow IPC a node sends over the link: Arrow's own buffer compression,

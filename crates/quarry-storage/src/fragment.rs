@@ -265,7 +265,7 @@ pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Fragment> {
 
 fn encode_with(plan: Arc<dyn ExecutionPlan>, planning: bool) -> Result<Fragment> {
     let codec = LeafCodec { resolve: None, planning };
-    Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)?, link_codec: LinkCodec::None, demand: 0 })
+    Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)?, link_codec: LinkCodec::None, demand: 0, progress: Default::default() })
 }
 
 /// Decodes a fragment, resolving each leaf with `resolve`, then checks it with

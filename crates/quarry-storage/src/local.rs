@@ -55,7 +55,7 @@ use quarry_table::{PageEncoding, ScrubReport, SegmentMeta, SegmentOptions, Table
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use crate::api::{BeginWrite, Fragment, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+use crate::api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
@@ -770,7 +770,7 @@ impl StorageNode for LocalStorageNode {
         let queued_ns = started.elapsed().as_nanos() as u64;
 
         let ctx = self.state.task_ctx();
-        let fragment_codec = fragment.link_codec;
+        let (fragment_codec, progress) = (fragment.link_codec, fragment.progress.clone());
         let decoded = decode_fragment(&fragment, &ctx, self.resolver()).inspect_err(|_| {
             counters.fragments_rejected.fetch_add(1, Ordering::Relaxed);
         })?;
@@ -804,6 +804,8 @@ impl StorageNode for LocalStorageNode {
             cpu,
             started,
             counters,
+            progress,
+            reported: started,
             finished: false,
         };
         Ok(futures::stream::unfold(run, |mut run| async move {
@@ -945,15 +947,31 @@ struct FragmentRun {
     cpu: Arc<WorkerTimes>,
     started: Instant,
     counters: Arc<NodeCounters>,
+    progress: FragmentProgress,
+    /// When progress was last reported.
+    reported: Instant,
     finished: bool,
 }
+
+/// How often a running fragment reports its progress while no batch is ready.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(100);
 
 impl FragmentRun {
     async fn next_message(&mut self) -> Option<Result<ScanMessage>> {
         if self.finished {
             return None;
         }
-        match self.rx.recv().await {
+        let received = loop {
+            if self.reported.elapsed() >= PROGRESS_INTERVAL {
+                self.progress.report(self.bytes_read());
+                self.reported = Instant::now();
+            }
+            match tokio::time::timeout(PROGRESS_INTERVAL, self.rx.recv()).await {
+                Ok(received) => break received,
+                Err(_elapsed) => continue,
+            }
+        };
+        match received {
             Some(Ok(batch)) => {
                 let bytes = batch_wire_bytes(&batch);
                 if let Some(link) = &self.link {
@@ -982,9 +1000,15 @@ impl FragmentRun {
         }
     }
 
+    /// The bytes the fragment's scans have read so far (footers aside).
+    fn bytes_read(&self) -> u64 {
+        plan_metric_sum(self.plan.as_ref(), &|m| m.sum_by_name("bytes_scanned").map(|v| v.as_usize()))
+    }
+
     fn final_stats(&mut self) -> ScanStats {
         let mut stats = std::mem::take(&mut self.stats);
-        stats.bytes_read += plan_metric_sum(self.plan.as_ref(), &|m| m.sum_by_name("bytes_scanned").map(|v| v.as_usize()));
+        stats.bytes_read += self.bytes_read();
+        self.progress.report(stats.bytes_read);
         stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
         stats.device_cpu_ns = self.cpu.cpu_ns.load(Ordering::Relaxed);
         stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);
