@@ -87,3 +87,26 @@ def ssb_warehouse(tmp_path_factory, quarry_bin, test_sf) -> Path:
 def tpch_warehouse(tmp_path_factory, quarry_bin, test_sf) -> Path:
     """A warehouse holding ``quarry gen tpch --sf $QUARRY_TEST_SF`` (generated once a session)."""
     return _gen_warehouse(tmp_path_factory, "tpch", test_sf)
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(directory, name):
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem",
+             "-days", "2", "-subj", f"/CN={name}", cwd=directory)
+    return directory / f"{name}.pem"
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory):
+    """A CA, a node certificate it signed for 127.0.0.1, and another CA that signed nothing."""
+    d = tmp_path_factory.mktemp("tls")
+    ca = _ca(d, "ca")
+    other_ca = _ca(d, "other")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=node", cwd=d)
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "node.pem",
+             "-days", "2", "-extfile", "ext.cnf", cwd=d)
+    return {"ca": ca, "other_ca": other_ca, "cert": d / "node.pem", "key": d / "node.key"}

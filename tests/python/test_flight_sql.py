@@ -301,6 +301,21 @@ def test_refuses_to_listen_beyond_loopback_without_a_token(tpch01):
     assert proc.returncode != 0 and "without authentication" in proc.stderr, proc.stderr
 
 
+def test_tls_server_is_queried_by_a_client_that_trusts_its_ca(tpch01, certificates):
+    """`quarry server --tls-cert --tls-key` serves grpc+tls://; a client with the CA queries it,
+    one with another CA is refused."""
+    s = Server(tpch01, "--tls-cert", certificates["cert"], "--tls-key", certificates["key"])
+    try:
+        assert s.url.startswith("grpc+tls://127.0.0.1:"), s.url
+        with s.connect(**{DatabaseOptions.TLS_ROOT_CERTS.value: certificates["ca"].read_text()}) as con:
+            assert _adbc_query(con, "select count(*) from region").rows == [(5,)]
+        with pytest.raises(adbc.Error, match="certificate"):
+            with s.connect(**{DatabaseOptions.TLS_ROOT_CERTS.value: certificates["other_ca"].read_text()}) as con:
+                _adbc_query(con, "select count(*) from region")
+    finally:
+        assert_no_panic(s.stop())
+
+
 def test_server_over_storage_nodes(tpch01, duck):
     """The same server with the warehouse behind a storage node (`--nodes`)."""
     sql = next(p for p in TPCH_FILES if p.stem == "q03").read_text(encoding="utf-8")

@@ -57,6 +57,14 @@ for path in sorted(__import__("glob").glob(sys.argv[4] + "/*.sql")):
     out["ssb"][path.rsplit("/", 1)[1][:-4]] = {"columns": table.column_names, "types": [str(t) for t in table.schema.types],
                                                "rows": [[str(v) if v is not None else None for v in row] for row in zip(*[c.to_pylist() for c in table.columns])]}
 
+# The same warehouse behind a storage node, and embedded under a device profile.
+q11 = open(sys.argv[4] + "/q1.1.sql").read()
+remote = quarry.connect(nodes=[sys.argv[5]], threads=2).sql(q11)
+slow = quarry.connect(ssb_dir, profile="softflash", threads=2).sql(q11)
+out["q11"] = {"embedded": ssb.sql(q11).fetchall(), "remote": remote.fetchall(), "profile": slow.fetchall()}
+out["q11_nodes"] = {"embedded": sorted(ssb.sql(q11).stats()["nodes"]), "remote": sorted(remote.stats()["nodes"])}
+out["q11_pause_ms"] = {"embedded": ssb.sql(q11).stats()["device"]["pause_ms"], "profile": slow.stats()["device"]["pause_ms"]}
+
 # The GIL is released while a query runs: this thread runs on meanwhile. Held, it would stop
 # this thread for the whole query; the longest pause between two of its steps tells.
 import threading
@@ -134,12 +142,25 @@ def client_output(venv_python, ssb01, tmp_path_factory) -> dict:
     edges = d / "edges.csv"
     pairs = [(0, 1), (1, 2), (2, 0), (2, 3), (3, 4), (4, 2), (5, 4), (1, 5), (5, 0)]
     edges.write_text("src,dst\n" + "".join(f"{a},{b}\n" for a, b in pairs))
-    run = subprocess.run([str(venv_python), "-c", CLIENT, str(d / "wh"), str(ssb01), str(edges), str(q.REPO_ROOT / "queries" / "ssb")],
-                         capture_output=True, text=True, timeout=900, cwd=d)
+    with q.StorageNodes([ssb01]) as node:
+        run = subprocess.run([str(venv_python), "-c", CLIENT, str(d / "wh"), str(ssb01), str(edges), str(q.REPO_ROOT / "queries" / "ssb"), node.arg],
+                             capture_output=True, text=True, timeout=900, cwd=d)
+    out_node = node.arg
     assert run.returncode == 0, run.stderr[-4000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     out["_pairs"] = pairs
+    out["_node"] = out_node
     return out
+
+
+def test_connects_to_storage_nodes_and_under_a_profile(client_output):
+    """`quarry.connect(nodes=[url])` queries through the node, `profile=` runs the embedded node
+    under the device profile (its compute slowdown pauses the device): the same rows."""
+    q11 = client_output["q11"]
+    assert q11["embedded"] and q11["remote"] == q11["embedded"] == q11["profile"], q11
+    assert client_output["q11_nodes"] == {"embedded": ["local"], "remote": [client_output["_node"]]}, client_output["q11_nodes"]
+    pauses = client_output["q11_pause_ms"]
+    assert pauses["embedded"] == 0 and pauses["profile"] > 0, pauses
 
 
 def test_loads_from_pandas_arrow_polars_and_reads_back(client_output):

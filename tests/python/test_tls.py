@@ -1,40 +1,15 @@
 """TLS on the Flight transport: a node serving `grpc+tls://` is queried by a host that trusts its
 CA (`--tls-ca`), refused by one that does not; beyond loopback a node needs TLS or `--insecure`.
-Certificates are made here with the `openssl` command line."""
+Certificates come from conftest's `certificates` (the `openssl` command line)."""
 
 from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 import quarry_py as q
 from conftest import assert_no_panic
 
 COUNT = "SELECT count(*), sum(o_totalprice) FROM orders"
-
-
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _ca(directory, name):
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem",
-             "-days", "2", "-subj", f"/CN={name}", cwd=directory)
-    return directory / f"{name}.pem"
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory):
-    """A CA, a node certificate it signed for 127.0.0.1, and another CA that signed nothing."""
-    d = tmp_path_factory.mktemp("tls")
-    ca = _ca(d, "ca")
-    other_ca = _ca(d, "other")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=node", cwd=d)
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    _openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "node.pem",
-             "-days", "2", "-extfile", "ext.cnf", cwd=d)
-    return {"ca": ca, "other_ca": other_ca, "cert": d / "node.pem", "key": d / "node.key"}
 
 
 def _sql(url, *extra):
