@@ -5,9 +5,12 @@
 //!   platform's measured energy per KB (Table 4.4).
 //! - [`kim`]: Kim 2015's analytical model of scans and joins on the host, the SSD's embedded CPU
 //!   or its flash controllers' logic (eq. (1)-(23)), with Table 3 reproduced.
+//! - [`layout`]: the layout planner's model (HippogriffDB, Li 2018 ch. 2.2): a column layout
+//!   per column for a workload on a device, greedy within twice the optimum.
 //! - [`energy`]: a query's energy by component from the work it did (bytes read, moved and
 //!   written, CPU time on device and host) and the power figures of its device profiles.
 
 pub mod emos;
 pub mod energy;
 pub mod kim;
+pub mod layout;
