@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod chart;
 pub mod generate;
 pub mod graph;
+pub mod layout;
 pub mod load;
 pub mod model;
 pub mod progress;
@@ -102,6 +103,8 @@ pub enum Command {
     Scrub(scrub::ScrubArgs),
     /// Models that explain runs (EMOS: the energy of a storage I/O trace; Kim 2015's model).
     Model(model::ModelArgs),
+    /// Plan a table's column layout (encoding and codec per column) for a workload on a device.
+    Layout(layout::LayoutArgs),
 }
 
 fn parse_on_off(text: &str) -> Result<bool, String> {
@@ -148,6 +151,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Calibrate(args) => calibrate::run(&cli.warehouse, args, threads),
         Command::Scrub(args) => with_runtime(threads, scrub::run(&target, args)),
         Command::Model(args) => model::run(args),
+        Command::Layout(args) => layout::run(&target, args),
     };
     if std::env::var_os("QUARRY_REPORT_PEAK_RSS").is_some() {
         // For memory tests: a parent process cannot measure this (a forked child's peak RSS

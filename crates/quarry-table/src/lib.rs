@@ -12,6 +12,7 @@ pub mod checksum;
 pub mod csv_import;
 pub mod error;
 pub mod ingest;
+pub mod layout_sample;
 pub mod manifest;
 pub mod scrub;
 pub mod segment;
