@@ -55,3 +55,28 @@ def test_plan_needs_a_read_bandwidth_and_the_table(ssb_warehouse):
     assert run.returncode != 0 and "needs a device profile with a read bandwidth" in run.stderr, run.stderr
     run = q.run_quarry(["--profile", "softflash", "layout", "plan", "nope", "--workload", SSB_QUERIES], ssb_warehouse, check=False)
     assert run.returncode != 0 and "table 'nope' does not exist" in run.stderr, run.stderr
+
+
+def test_sort_keys_and_versions_follow_the_workloads_restrictions(tmp_path):
+    """SSB's flights 1, 3 and 4 restrict the order date (through the date dimension's filters),
+    flight 1 the discount and quantity too: sorted by lo_orderdate, Q1.3 (one week) reads a
+    sliver of the segments, Q2.1 (no date restriction) all of them. A second version is chosen
+    only when it lowers the bytes read."""
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "ssb", "--sf", "0.1", "--segment-rows", "20000"], warehouse)
+    out = tmp_path / "plan.json"
+    q.run_quarry(["--profile", "softflash", "layout", "plan", "lineorder", "--workload", SSB_QUERIES, "--sample-rows", "100000",
+                  "--budget-space", "1", "--output", out], warehouse)
+    plan = json.loads(out.read_text())
+    names = [p["name"] for p in plan["queries"]]
+    keys = {k["column"]: dict(zip(names, k["read_share"])) for k in plan["sort_keys"]}
+    assert plan["sort_keys"][0]["column"] == "lo_orderdate", [k["column"] for k in plan["sort_keys"]]
+    assert {"lo_orderdate", "lo_discount", "lo_quantity"} <= set(keys), set(keys)
+    date = keys["lo_orderdate"]
+    assert date["q1.3"] < 0.15 and date["q1.2"] < 0.15 and date["q1.1"] < 0.4, date
+    assert date["q2.1"] == 1.0 and keys["lo_discount"]["q2.1"] == 1.0, date
+    assert keys["lo_discount"]["q1.1"] < 1.0 and keys["lo_discount"]["q4.1"] == 1.0, keys["lo_discount"]
+    assert plan["versions"][0] == "lo_orderdate" and len(plan["versions"]) <= 2, plan["versions"]
+    by_query = {p["name"]: p for p in plan["queries"]}
+    assert by_query["q1.3"]["version"] == "lo_orderdate" and by_query["q1.3"]["version_bytes"] < by_query["q1.3"]["plan"]["bytes"] * 0.15
+    assert plan["versions_bytes"] < plan["plan_bytes"] < plan["default_bytes"], plan

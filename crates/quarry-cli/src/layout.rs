@@ -1,12 +1,19 @@
 //! `quarry layout plan`: a column layout (Parquet encoding and codec per column) for a table,
 //! chosen for a workload on a device (HippogriffDB's balanced plan, `quarry_model::layout`).
 //! Each candidate's bytes and decode time are measured on a sample of the table on this machine
-//! (`quarry_table::layout_sample`); the workload's queries say which columns each reads.
+//! (`quarry_table::layout_sample`); the workload's queries say which columns each reads and
+//! what they ask of them (filters on the table's columns; joins with filtered tables, whose
+//! passing keys are computed), from which sort keys and sorted versions are proposed.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::logical_expr::LogicalPlan;
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow::compute::{cast, concat_batches, sort_to_indices};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::prelude::SessionContext;
 use quarry_engine::user_message;
 use quarry_model::layout::{ColumnLayout, LayoutProblem, QueryCost, exhaustive, greedy};
 use quarry_storage::DeviceProfile;
@@ -28,7 +35,8 @@ pub struct LayoutArgs {
 enum LayoutCommand {
     /// Plans a layout for TABLE: per column, the Parquet encoding and codec that minimize the
     /// workload's predicted time on the device profile (`--profile`, which must give a read
-    /// bandwidth), from sizes and decode rates measured on a sample of the table here.
+    /// bandwidth), from sizes and decode rates measured on a sample of the table here; and the
+    /// sort keys (sorted versions, within --budget-space) that let its queries skip segments.
     Plan(PlanArgs),
 }
 
@@ -45,6 +53,10 @@ struct PlanArgs {
     /// Write the plan as JSON to this file.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Space for sorted versions beyond the first, as a multiple of the planned table's size
+    /// (1.0: one more version).
+    #[arg(long, default_value_t = 0.0)]
+    budget_space: f64,
 }
 
 /// Runs `quarry layout`.
@@ -75,6 +87,22 @@ struct Plan {
     plan_bytes: f64,
     /// The optimum's seconds when the plans were few enough to enumerate.
     optimum_seconds: Option<f64>,
+    /// Each column the workload restricts, as a sort key: the bytes the workload would read
+    /// with the table sorted by it (segments whose values all fail a query's restrictions on
+    /// it skipped), best first.
+    sort_keys: Vec<SortKeyEstimate>,
+    /// The sorted versions to keep within `--budget-space`, and the workload's bytes when each
+    /// query reads the version that prunes best.
+    versions: Vec<String>,
+    versions_bytes: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct SortKeyEstimate {
+    column: String,
+    workload_bytes: f64,
+    /// Per query (workload order), the share of segments it would read.
+    read_share: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -97,6 +125,10 @@ struct PlannedColumn {
 struct PlannedQuery {
     name: String,
     columns: Vec<String>,
+    /// The version (sort key) it reads best from, if any prunes it.
+    version: Option<String>,
+    /// Its planned bytes on that version.
+    version_bytes: f64,
     default: QueryFigures,
     plan: QueryFigures,
 }
@@ -127,14 +159,14 @@ fn plan(target: &Target, args: PlanArgs) -> CliResult {
     let warehouse = Warehouse::open(&target.warehouse).map_err(|e| e.to_string())?;
     let table = warehouse.table(&args.table).map_err(|e| e.to_string())?;
     let rows: u64 = table.manifest.segments.iter().map(|s| s.rows).sum();
-    let queries = workload_columns(target, &args.table, &args.workload)?;
+    let columns: Vec<String> = table.schema.fields().iter().map(|f| f.name().clone()).collect();
+    let queries = workload(target, &args.table, &columns, &args.workload)?;
 
     let sample = sample_rows(&table, args.sample_rows).map_err(|e| e.to_string())?;
     let sampled: usize = sample.iter().map(|b| b.num_rows()).sum();
     if sampled == 0 {
         return Err(format!("table '{}' has no rows to measure", args.table));
     }
-    let columns: Vec<String> = table.schema.fields().iter().map(|f| f.name().clone()).collect();
     let (threads, slowdown) = (profile.threads(), profile.compute_slowdown);
     // Decoding runs on the device's threads, each `slowdown` times slower than this machine's.
     let scale = |m: &MeasuredLayout| ColumnLayout {
@@ -163,13 +195,25 @@ fn plan(target: &Target, args: PlanArgs) -> CliResult {
     let problem = LayoutProblem {
         columns: columns.clone(),
         candidates,
-        queries: queries.iter().map(|(_, read)| read.iter().filter_map(|c| columns.iter().position(|n| n == c)).map(|i| (i, 1.0)).collect()).collect(),
+        queries: queries.iter().map(|q| q.columns.iter().filter_map(|c| columns.iter().position(|n| n == c)).map(|i| (i, 1.0)).collect()).collect(),
         read_bytes_per_s: read_mbps * 1e6,
     };
     problem.validate()?;
     let chosen = greedy(&problem);
     let optimum = exhaustive(&problem, 1 << 20).map(|plan| problem.seconds(&plan));
     let (default_costs, plan_costs) = (problem.query_costs(&defaults), problem.query_costs(&chosen));
+    let plan_bytes: Vec<f64> = plan_costs.iter().map(|c| c.bytes).collect();
+    let sort_keys = sort_key_estimates(&sample, &queries, &plan_bytes, table.manifest.segments.len())?;
+    let extra_versions = args.budget_space.max(0.0).floor() as usize;
+    let (versions, versions_bytes) = choose_versions(&sort_keys, &plan_bytes, extra_versions);
+    let best_version = |q: usize| {
+        versions
+            .iter()
+            .filter_map(|v| sort_keys.iter().find(|k| k.column == *v))
+            .map(|k| (k.column.clone(), k.read_share[q]))
+            .filter(|(_, share)| *share < 1.0)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    };
     let plan = Plan {
         table: args.table.clone(),
         profile: profile.name.clone(),
@@ -200,13 +244,27 @@ fn plan(target: &Target, args: PlanArgs) -> CliResult {
         queries: queries
             .iter()
             .zip(default_costs.iter().zip(&plan_costs))
-            .map(|((name, read), (d, p))| PlannedQuery { name: name.clone(), columns: read.clone(), default: (*d).into(), plan: (*p).into() })
+            .enumerate()
+            .map(|(i, (query, (d, p)))| {
+                let version = best_version(i);
+                PlannedQuery {
+                    name: query.name.clone(),
+                    columns: query.columns.clone(),
+                    version_bytes: p.bytes * version.as_ref().map_or(1.0, |v| v.1),
+                    version: version.map(|v| v.0),
+                    default: (*d).into(),
+                    plan: (*p).into(),
+                }
+            })
             .collect(),
         default_seconds: problem.seconds(&defaults),
         plan_seconds: problem.seconds(&chosen),
         default_bytes: default_costs.iter().map(|c| c.bytes).sum(),
         plan_bytes: plan_costs.iter().map(|c| c.bytes).sum(),
         optimum_seconds: optimum,
+        sort_keys,
+        versions,
+        versions_bytes,
     };
     print!("{}", report(&plan));
     if let Some(path) = &args.output {
@@ -257,11 +315,121 @@ fn report(plan: &Plan) -> String {
         plan.default_seconds,
         plan.optimum_seconds.map_or(String::new(), |o| format!("; the optimum, enumerated: {o:.3} s"))
     ));
+    for key in plan.sort_keys.iter().take(5) {
+        out.push_str(&format!("sorted by {:<20} the workload reads {:.1} MB ({:.2}x unsorted)\n", key.column, mb(key.workload_bytes), key.workload_bytes / plan.plan_bytes.max(1.0)));
+    }
+    if !plan.versions.is_empty() {
+        out.push_str(&format!(
+            "versions sorted by {}: the workload reads {:.1} MB ({:.2}x the default layout's)\n",
+            plan.versions.join(", "),
+            mb(plan.versions_bytes),
+            plan.versions_bytes / plan.default_bytes.max(1.0)
+        ));
+    }
     out
 }
 
-/// Each workload query's name and the columns of `table` it reads (from its optimized plan).
-fn workload_columns(target: &Target, table: &str, workload: &[PathBuf]) -> CliResult<Vec<(String, Vec<String>)>> {
+/// For each column the workload restricts: the bytes each query would read with the table
+/// sorted by it. The sample, sorted by the column, is cut into as many ranges as the table has
+/// segments; a query reads a range unless every sampled row in it fails its restrictions on the
+/// column.
+fn sort_key_estimates(sample: &[RecordBatch], queries: &[WorkloadQuery], plan_bytes: &[f64], segments: usize) -> CliResult<Vec<SortKeyEstimate>> {
+    let Some(first) = sample.first() else { return Ok(Vec::new()) };
+    let batch = concat_batches(&first.schema(), sample).map_err(|e| e.to_string())?;
+    let rows = batch.num_rows();
+    let ranges = segments.clamp(1, rows.max(1));
+    let mut columns: Vec<&String> = queries.iter().flat_map(|q| q.restrictions.iter().map(|(c, _)| c)).collect();
+    columns.sort();
+    columns.dedup();
+    let ctx = SessionContext::new();
+    let df_schema = DFSchema::try_from(batch.schema().as_ref().clone()).map_err(|e| e.to_string())?;
+    let mut estimates = Vec::new();
+    for column in columns {
+        let Ok(index) = batch.schema().index_of(column) else { continue };
+        let values = batch.column(index);
+        let order = sort_to_indices(values, None, None).map_err(|e| e.to_string())?;
+        let mut read_share = Vec::with_capacity(queries.len());
+        for query in queries {
+            let mut passes: Option<Vec<bool>> = None;
+            for (_, restriction) in query.restrictions.iter().filter(|(c, _)| c == column) {
+                let mask = match restriction {
+                    Restriction::Predicate(expr) => {
+                        let Ok(physical) = ctx.create_physical_expr(expr.clone(), &df_schema) else { continue };
+                        let evaluated = physical.evaluate(&batch).and_then(|v| v.into_array(rows)).map_err(|e| e.to_string())?;
+                        let Some(flags) = evaluated.as_any().downcast_ref::<BooleanArray>() else { continue };
+                        (0..rows).map(|i| flags.is_valid(i) && flags.value(i)).collect::<Vec<bool>>()
+                    }
+                    Restriction::Keys(keys) => {
+                        let Ok(keys) = cast(keys, values.data_type()) else { continue };
+                        let set: HashSet<ScalarValue> = (0..keys.len()).filter_map(|i| ScalarValue::try_from_array(&keys, i).ok()).collect();
+                        (0..rows).map(|i| ScalarValue::try_from_array(values, i).is_ok_and(|v| set.contains(&v))).collect()
+                    }
+                };
+                passes = Some(match passes {
+                    Some(p) => p.iter().zip(&mask).map(|(a, b)| *a && *b).collect(),
+                    None => mask,
+                });
+            }
+            read_share.push(match passes {
+                None => 1.0,
+                Some(passes) => {
+                    let read = (0..ranges).filter(|r| (r * rows / ranges..(r + 1) * rows / ranges).any(|i| passes[order.value(i) as usize])).count();
+                    read as f64 / ranges as f64
+                }
+            });
+        }
+        let workload_bytes = read_share.iter().zip(plan_bytes).map(|(share, bytes)| share * bytes).sum();
+        estimates.push(SortKeyEstimate { column: column.clone(), workload_bytes, read_share });
+    }
+    estimates.sort_by(|a, b| a.workload_bytes.total_cmp(&b.workload_bytes));
+    Ok(estimates)
+}
+
+/// The best sort key, then up to `extra` more versions, each the one that lowers most the
+/// workload's bytes when every query reads its best version; the versions and those bytes.
+fn choose_versions(keys: &[SortKeyEstimate], plan_bytes: &[f64], extra: usize) -> (Vec<String>, f64) {
+    let unsorted: f64 = plan_bytes.iter().sum();
+    let bytes_with = |chosen: &[&SortKeyEstimate]| -> f64 {
+        plan_bytes.iter().enumerate().map(|(q, bytes)| bytes * chosen.iter().map(|k| k.read_share[q]).fold(1.0, f64::min)).sum()
+    };
+    let mut chosen: Vec<&SortKeyEstimate> = Vec::new();
+    for _ in 0..=extra {
+        let best = keys.iter().filter(|k| !chosen.iter().any(|c| c.column == k.column)).min_by(|a, b| {
+            let (mut with_a, mut with_b) = (chosen.clone(), chosen.clone());
+            with_a.push(a);
+            with_b.push(b);
+            bytes_with(&with_a).total_cmp(&bytes_with(&with_b))
+        });
+        match best {
+            Some(key) if bytes_with(&[chosen.as_slice(), &[key]].concat()) < bytes_with(&chosen).min(unsorted) => chosen.push(key),
+            _ => break,
+        }
+    }
+    let bytes = if chosen.is_empty() { unsorted } else { bytes_with(&chosen) };
+    (chosen.iter().map(|k| k.column.clone()).collect(), bytes)
+}
+
+/// One workload query as the planner sees it.
+struct WorkloadQuery {
+    name: String,
+    /// The columns of the table it reads.
+    columns: Vec<String>,
+    /// What it asks of the table's columns: a row whose value fails any of these is not needed.
+    restrictions: Vec<(String, Restriction)>,
+}
+
+/// A query's restriction on one column of the table.
+enum Restriction {
+    /// A filter on the column alone (its columns unqualified).
+    Predicate(Expr),
+    /// A join with a filtered table: the keys that find a partner.
+    Keys(ArrayRef),
+}
+
+/// The workload's queries (files, or directories of `.sql` files), each planned and optimized:
+/// the columns of `table` it reads and its restrictions on them. Star joins are planned as
+/// joins here, so that each dimension's filtered keys can be read off the plan.
+fn workload(target: &Target, table: &str, table_columns: &[String], workload: &[PathBuf]) -> CliResult<Vec<WorkloadQuery>> {
     let mut files = Vec::new();
     for path in workload {
         if path.is_dir() {
@@ -279,6 +447,7 @@ fn workload_columns(target: &Target, table: &str, workload: &[PathBuf]) -> CliRe
     if files.is_empty() {
         return Err("the workload has no .sql files".into());
     }
+    let target = Target { star_join: false, ..target.clone() };
     crate::with_runtime(2, async {
         let session = target.session().await?;
         let mut queries = Vec::with_capacity(files.len());
@@ -287,7 +456,15 @@ fn workload_columns(target: &Target, table: &str, workload: &[PathBuf]) -> CliRe
             let located = |e: datafusion::error::DataFusionError| format!("{}: {}", file.display(), user_message(&e));
             let plan = session.plan(&sql).await.map_err(located)?;
             let plan = session.context().state().optimize(&plan).map_err(located)?;
-            queries.push((query_name(file), scanned_columns(&plan, table)));
+            let mut restrictions = scan_filters(&plan, table, table_columns);
+            for (column, keys) in join_keys(&plan, table, table_columns) {
+                let batches = session.context().execute_logical_plan(keys).await.map_err(located)?.collect().await.map_err(located)?;
+                let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
+                if !arrays.is_empty() {
+                    restrictions.push((column, Restriction::Keys(arrow::compute::concat(&arrays).map_err(|e| e.to_string())?)));
+                }
+            }
+            queries.push(WorkloadQuery { name: query_name(file), columns: scanned_columns(&plan, table), restrictions });
         }
         Ok(queries)
     })
@@ -295,6 +472,26 @@ fn workload_columns(target: &Target, table: &str, workload: &[PathBuf]) -> CliRe
 
 fn query_name(file: &Path) -> String {
     file.file_stem().map_or_else(|| file.display().to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+/// Whether `plan` scans `table`.
+fn scans(plan: &LogicalPlan, table: &str) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        found |= matches!(node, LogicalPlan::TableScan(scan) if scan.table_name.table() == table);
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    found
+}
+
+/// Whether `plan` filters rows: a filter, or a scan with filters pushed into it.
+fn filters_rows(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        found |= matches!(node, LogicalPlan::Filter(_)) || matches!(node, LogicalPlan::TableScan(scan) if !scan.filters.is_empty());
+        Ok(if found { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    });
+    found
 }
 
 /// The columns of `table` that `plan`'s scans of it read (subqueries included), in first-seen order.
@@ -313,4 +510,59 @@ fn scanned_columns(plan: &LogicalPlan, table: &str) -> Vec<String> {
         Ok(TreeNodeRecursion::Continue)
     });
     columns
+}
+
+/// The filters on one column of `table` that its scans in `plan` carry, unqualified.
+fn scan_filters(plan: &LogicalPlan, table: &str, table_columns: &[String]) -> Vec<(String, Restriction)> {
+    let mut found = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node
+            && scan.table_name.table() == table
+        {
+            for filter in &scan.filters {
+                let columns = filter.column_refs();
+                if let [column] = columns.iter().collect::<Vec<_>>().as_slice()
+                    && table_columns.contains(&column.name)
+                    && let Ok(unqualified) = unqualify(filter)
+                {
+                    found.push((column.name.clone(), Restriction::Predicate(unqualified)));
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+fn unqualify(expr: &Expr) -> datafusion::error::Result<Expr> {
+    expr.clone()
+        .transform(|e| match e {
+            Expr::Column(c) => Ok(Transformed::yes(Expr::Column(Column::new_unqualified(c.name)))),
+            other => Ok(Transformed::no(other)),
+        })
+        .map(|t| t.data)
+}
+
+/// For each equi-join of a column of `table` with a side that does not scan the table and
+/// filters rows: the column, and the plan of that side's distinct join keys.
+fn join_keys(plan: &LogicalPlan, table: &str, table_columns: &[String]) -> Vec<(String, LogicalPlan)> {
+    let mut found = Vec::new();
+    let _ = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Join(join) = node {
+            for (left, right) in &join.on {
+                for (mine, theirs, my_side, other) in [(left, right, &join.left, &join.right), (right, left, &join.right, &join.left)] {
+                    let (Expr::Column(column), true, false) = (mine, scans(my_side, table), scans(other, table)) else { continue };
+                    if !table_columns.contains(&column.name) || !filters_rows(other) {
+                        continue;
+                    }
+                    let keys = LogicalPlanBuilder::from(other.as_ref().clone()).project(vec![theirs.clone()]).and_then(|b| b.distinct()).and_then(|b| b.build());
+                    if let Ok(keys) = keys {
+                        found.push((column.name.clone(), keys));
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
