@@ -80,3 +80,62 @@ def test_sort_keys_and_versions_follow_the_workloads_restrictions(tmp_path):
     by_query = {p["name"]: p for p in plan["queries"]}
     assert by_query["q1.3"]["version"] == "lo_orderdate" and by_query["q1.3"]["version_bytes"] < by_query["q1.3"]["plan"]["bytes"] * 0.15
     assert plan["versions_bytes"] < plan["plan_bytes"] < plan["default_bytes"], plan
+
+
+def _chunk_layouts(path):
+    """Per column of a Parquet file's first row group: (encodings, codec)."""
+    import pyarrow.parquet as pq
+
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    return {group.column(i).path_in_schema: (set(group.column(i).encodings), group.column(i).compression) for i in range(group.num_columns)}
+
+
+def test_apply_rewrites_the_table_in_the_plan_sorted_and_appends_keep_it(tmp_path):
+    """`layout apply` writes every column in its planned encoding and codec, the rows sorted by
+    the first version's key, as one commit; SSB's 13 queries then equal DuckDB's on the new
+    files; an append keeps the layout; a plan naming a column the table lacks changes nothing."""
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "ssb", "--sf", "0.1", "--segment-rows", "20000"], warehouse)
+    plan_file = tmp_path / "plan.json"
+    q.run_quarry(["--profile", "softflash", "layout", "plan", "lineorder", "--workload", SSB_QUERIES, "--sample-rows", "100000",
+                  "--output", plan_file], warehouse)
+    plan = json.loads(plan_file.read_text())
+    before = q.read_manifest(warehouse, "lineorder")
+    rows = sum(s["rows"] for s in before["segments"])
+
+    # A broken plan is refused before anything is written.
+    bad = dict(plan, columns=plan["columns"] + [{"name": "nope", "encoding": "PLAIN", "codec": "SNAPPY"}])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    refused = q.run_quarry(["layout", "apply", "lineorder", tmp_path / "bad.json"], warehouse, check=False)
+    assert refused.returncode != 0 and "column 'nope'" in refused.stderr, refused.stderr
+    assert q.read_manifest(warehouse, "lineorder")["version"] == before["version"]
+
+    applied = q.run_quarry(["layout", "apply", "lineorder", plan_file], warehouse)
+    after = q.read_manifest(warehouse, "lineorder")
+    assert after["version"] == before["version"] + 1 and sum(s["rows"] for s in after["segments"]) == rows, applied.stdout
+    assert after["sort_key"] == plan["versions"][:1] == ["lo_orderdate"], after["sort_key"]
+    planned = {c["name"]: (c["encoding"], c["codec"]) for c in plan["columns"]}
+    assert {c["column"]: (c["encoding"], c["codec"]) for c in after["column_layouts"]} == planned
+    codec_names = {"UNCOMPRESSED": "UNCOMPRESSED", "SNAPPY": "SNAPPY"}
+    for column, (encodings, codec) in _chunk_layouts(q.segment_paths(warehouse, "lineorder")[0]).items():
+        encoding, planned_codec = planned[column]
+        assert codec == codec_names.get(planned_codec, "ZSTD"), (column, codec, planned_codec)
+        assert encoding in encodings or (encoding == "RLE_DICTIONARY" and "PLAIN_DICTIONARY" in encodings), (column, encodings, encoding)
+    # Sorted: each segment's dates start at or after the previous one's end.
+    dates = [next(c for c in s["columns"] if c["name"] == "lo_orderdate") for s in after["segments"]]
+    assert all(int(a["max"]) <= int(b["min"]) for a, b in zip(dates, dates[1:])), [(d["min"], d["max"]) for d in dates[:5]]
+
+    for path in q.query_files("ssb"):
+        sql = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("--"))
+        cmp = q.compare_with_duckdb(warehouse, sql)
+        assert cmp, f"{path.name}: {cmp.message}"
+
+    # An append keeps the layout.
+    extra = tmp_path / "extra.csv"
+    q.run_quarry(["sql", "select * from lineorder order by lo_orderkey limit 500", "--format", "csv", "--output", extra], warehouse)
+    q.run_quarry(["load", "lineorder", extra, "--append"], warehouse)
+    appended = q.read_manifest(warehouse, "lineorder")
+    assert appended["column_layouts"] == after["column_layouts"] and len(appended["segments"]) == len(after["segments"]) + 1
+    newest = [p for p in q.segment_paths(warehouse, "lineorder") if appended["segments"][-1]["id"] in str(p)][0]
+    for column, (encodings, codec) in _chunk_layouts(newest).items():
+        assert codec == codec_names.get(planned[column][1], "ZSTD"), (column, codec)

@@ -115,7 +115,7 @@ pub fn generate_tables(
 ) -> CliResult {
     for table in tables {
         let started = Instant::now();
-        let options = SegmentOptions { bloom_filter_columns: table.bloom_filter_columns(), page_encoding };
+        let options = SegmentOptions { bloom_filter_columns: table.bloom_filter_columns(), page_encoding, ..Default::default() };
         let writer = warehouse
             .begin_write(table.name(), &table.schema(), WriteMode::Replace, options, table.sort_key())
             .map_err(|e| e.to_string())?;

@@ -18,8 +18,11 @@ use quarry_engine::user_message;
 use quarry_model::layout::{ColumnLayout, LayoutProblem, QueryCost, exhaustive, greedy};
 use quarry_storage::DeviceProfile;
 use quarry_table::layout_sample::{MeasuredLayout, measure_column, sample_rows, stored_column_bytes};
-use quarry_table::{PageEncoding, Warehouse};
-use serde::Serialize;
+use quarry_table::ingest::write_segments_of;
+use quarry_table::segment::check_column_layouts;
+use quarry_table::{ColumnLayoutSpec, PageEncoding, SegmentOptions, Warehouse, WriteMode};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
 
 use crate::CliResult;
 use crate::target::Target;
@@ -38,6 +41,34 @@ enum LayoutCommand {
     /// bandwidth), from sizes and decode rates measured on a sample of the table here; and the
     /// sort keys (sorted versions, within --budget-space) that let its queries skip segments.
     Plan(PlanArgs),
+    /// Rewrites TABLE into a plan's layout (`layout plan --output`): each column in its
+    /// encoding and codec, the rows sorted by the plan's first version's key, as one atomic
+    /// commit; appends keep the layout.
+    Apply(ApplyArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ApplyArgs {
+    /// The table.
+    table: String,
+    /// The plan (JSON from `layout plan --output`).
+    plan: PathBuf,
+}
+
+/// What `apply` reads of a plan file.
+#[derive(Debug, Deserialize)]
+struct PlanFile {
+    table: String,
+    columns: Vec<PlanFileColumn>,
+    #[serde(default)]
+    versions: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PlanFileColumn {
+    name: String,
+    encoding: String,
+    codec: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -63,7 +94,91 @@ struct PlanArgs {
 pub fn run(target: &Target, args: LayoutArgs) -> CliResult {
     match args.command {
         LayoutCommand::Plan(args) => plan(target, args),
+        LayoutCommand::Apply(args) => apply(target, args),
     }
+}
+
+fn apply(target: &Target, args: ApplyArgs) -> CliResult {
+    if target.is_remote() {
+        return Err("layout apply rewrites the table in the warehouse directory; run it where the table is, without --nodes".into());
+    }
+    let text = std::fs::read_to_string(&args.plan).map_err(|e| format!("reading {}: {e}", args.plan.display()))?;
+    let plan: PlanFile = serde_json::from_str(&text).map_err(|e| format!("{}: not a layout plan: {e}", args.plan.display()))?;
+    if plan.table != args.table {
+        return Err(format!("{} is a plan for table '{}', not '{}'", args.plan.display(), plan.table, args.table));
+    }
+    let warehouse = Warehouse::open(&target.warehouse).map_err(|e| e.to_string())?;
+    let table = warehouse.table(&args.table).map_err(|e| e.to_string())?;
+    let layouts: Vec<ColumnLayoutSpec> =
+        plan.columns.iter().map(|c| ColumnLayoutSpec { column: c.name.clone(), encoding: c.encoding.clone(), codec: c.codec.clone() }).collect();
+    check_column_layouts(&table.schema, &layouts).map_err(|e| format!("{}: {e}", args.plan.display()))?;
+    let sort_key = plan.versions.first().cloned();
+    if plan.versions.len() > 1 {
+        eprintln!("quarry: the table keeps one version, sorted by {}; versions sorted by {} are not kept", plan.versions[0], plan.versions[1..].join(", "));
+    }
+    // Segments as large as the table's largest: pruning keeps its granularity.
+    let segment_rows = table.manifest.segments.iter().map(|s| s.rows as usize).max().unwrap_or(1);
+    let options = SegmentOptions {
+        bloom_filter_columns: table.manifest.bloom_filter_columns.clone(),
+        // Pages compressed where the plan says: nodes read them as they read compact tables.
+        page_encoding: PageEncoding::Compact,
+        column_layouts: layouts,
+    };
+    let before: u64 = table.manifest.segments.iter().map(|s| s.bytes).sum();
+    let quoted = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+    let sql = format!(
+        "SELECT * FROM {}{}",
+        quoted(&args.table),
+        sort_key.as_ref().map_or(String::new(), |key| format!(" ORDER BY {}", quoted(key)))
+    );
+    let name = args.table.clone();
+    let manifest = crate::with_runtime(target.threads, async move {
+        // The session first: its node tidies aborted writes, which the write below must not be.
+        let session = target.session().await?;
+        let rows = session.stream(session.plan(&sql).await.map_err(|e| user_message(&e))?).await.map_err(|e| user_message(&e))?;
+        let writer = warehouse
+            .begin_write(&name, &table.schema, WriteMode::Replace, options, sort_key.into_iter().collect())
+            .map_err(|e| e.to_string())?;
+        // Rows flow from the query to a writer thread; a failure on either side aborts the write.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<quarry_table::Result<RecordBatch>>(4);
+        let writing = tokio::task::spawn_blocking(move || {
+            let segments = write_segments_of(&writer, rx.into_iter(), segment_rows, &|_| {});
+            (writer, segments)
+        });
+        let (mut rows, mut failed) = (rows, None);
+        while let Some(batch) = rows.next().await {
+            match batch {
+                Ok(batch) => {
+                    if tx.send(Ok(batch)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    failed = Some(format!("reading table '{name}': {}", user_message(&e)));
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let (writer, segments) = writing.await.map_err(|e| format!("the writer failed: {e}"))?;
+        let segments = segments.map_err(|e| e.to_string())?;
+        // Dropping the writer without a commit removes what it wrote.
+        if let Some(message) = failed {
+            return Err(message);
+        }
+        writer.commit(segments, Vec::new()).map_err(|e| e.to_string())
+    })?;
+    let after: u64 = manifest.segments.iter().map(|s| s.bytes).sum();
+    println!(
+        "{}: version {} in the planned layout{}: {} segments, {:.1} MB (was {:.1} MB)",
+        args.table,
+        manifest.version,
+        manifest.sort_key.first().map_or(String::new(), |k| format!(", sorted by {k}")),
+        manifest.segments.len(),
+        after as f64 / 1e6,
+        before as f64 / 1e6
+    );
+    Ok(())
 }
 
 /// The plan as written to `--output`.

@@ -82,7 +82,7 @@ fn load(warehouse: &Path, args: LoadArgs, threads: usize) -> CliResult {
             null_text: args.null.clone(),
             ..CsvOptions::default()
         },
-        segments: SegmentOptions { bloom_filter_columns: args.bloom_filter.clone(), page_encoding: args.page_encoding },
+        segments: SegmentOptions { bloom_filter_columns: args.bloom_filter.clone(), page_encoding: args.page_encoding, ..Default::default() },
     };
     let bar = rows_bar(&table, None);
     let manifest = load_table(&warehouse, &table, LoadSource::File(args.path.clone()), &options, &|rows| bar.set_position(rows)).map_err(|e| e.to_string())?;

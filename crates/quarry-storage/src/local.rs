@@ -712,7 +712,7 @@ impl StorageNode for LocalStorageNode {
         self.expire_writes().await?;
         let schema = Arc::new(request.schema.to_arrow().map_err(DataFusionError::Plan)?);
         let mode = if request.append { WriteMode::Append } else { WriteMode::Replace };
-        let options = SegmentOptions { bloom_filter_columns: request.bloom_filter_columns, page_encoding: request.page_encoding };
+        let options = SegmentOptions { bloom_filter_columns: request.bloom_filter_columns, page_encoding: request.page_encoding, ..Default::default() };
         let (warehouse, table, sort_key) = (self.warehouse.clone(), request.table, request.sort_key);
         let writer = blocking("beginning a write", move || warehouse.begin_write(&table, &schema, mode, options, sort_key).map_err(table_write_error)).await?;
         let id = format!("w{}", self.next_write.fetch_add(1, Ordering::Relaxed));

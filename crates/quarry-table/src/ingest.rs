@@ -19,6 +19,17 @@ pub fn write_batches(
     batches: impl Iterator<Item = Result<RecordBatch>>,
     progress: &dyn Fn(u64),
 ) -> Result<Vec<SegmentMeta>> {
+    write_segments_of(writer, batches, ROW_GROUP_ROWS, progress)
+}
+
+/// [`write_batches`] into segments of at most `segment_rows` rows each.
+pub fn write_segments_of(
+    writer: &TableWriter,
+    batches: impl Iterator<Item = Result<RecordBatch>>,
+    segment_rows: usize,
+    progress: &dyn Fn(u64),
+) -> Result<Vec<SegmentMeta>> {
+    let segment_rows = segment_rows.max(1);
     let mut segments = Vec::new();
     let mut current: Option<SegmentWriter> = None;
     let mut rows_total = 0u64;
@@ -29,12 +40,12 @@ pub fn write_batches(
                 Some(segment) => segment,
                 None => current.insert(writer.new_segment()?),
             };
-            let room = ROW_GROUP_ROWS - segment.rows() as usize;
+            let room = segment_rows - segment.rows() as usize;
             let take = room.min(batch.num_rows());
             segment.write(&batch.slice(0, take))?;
             batch = batch.slice(take, batch.num_rows() - take);
             rows_total += take as u64;
-            if segment.rows() as usize >= ROW_GROUP_ROWS {
+            if segment.rows() as usize >= segment_rows {
                 segments.push(current.take().expect("segment open").finish()?);
             }
         }

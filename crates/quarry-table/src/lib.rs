@@ -23,6 +23,6 @@ pub use checksum::{BlockChecksums, DamagedBlock};
 pub use error::{Result, TableError};
 pub use manifest::{ColumnStats, Manifest, SegmentMeta, TableSchema};
 pub use scrub::{Damage, ScrubReport};
-pub use segment::{PageEncoding, SegmentOptions, SegmentWriter};
+pub use segment::{ColumnLayoutSpec, PageEncoding, SegmentOptions, SegmentWriter};
 pub use sketch::DistinctSketch;
 pub use warehouse::{TableSnapshot, TableWriter, Warehouse, WriteMode};

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checksum::BlockChecksums;
 use crate::error::{Result, TableError};
-use crate::segment::PageEncoding;
+use crate::segment::{ColumnLayoutSpec, PageEncoding};
 
 /// Manifest layout version written by this build; readers reject newer ones.
 pub const MANIFEST_FORMAT_VERSION: u32 = 1;
@@ -40,6 +40,9 @@ pub struct Manifest {
     /// How the table's data pages are encoded (appends keep it).
     #[serde(default)]
     pub page_encoding: PageEncoding,
+    /// Columns stored in layouts of their own (`quarry layout apply`; appends keep them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub column_layouts: Vec<ColumnLayoutSpec>,
     /// Free-form key/values (e.g. which generator and scale factor made the table).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,

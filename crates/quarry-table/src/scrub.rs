@@ -92,7 +92,11 @@ impl Warehouse {
     pub fn record_missing_checksums(&self, table: &str) -> Result<usize> {
         let current = self.table(table)?;
         let manifest = &current.manifest;
-        let options = SegmentOptions { bloom_filter_columns: manifest.bloom_filter_columns.clone(), page_encoding: manifest.page_encoding };
+        let options = SegmentOptions {
+            bloom_filter_columns: manifest.bloom_filter_columns.clone(),
+            page_encoding: manifest.page_encoding,
+            column_layouts: manifest.column_layouts.clone(),
+        };
         let mut writer = self.begin_write(table, &current.schema, WriteMode::Append, options, manifest.sort_key.clone())?;
         let recorded = writer.record_missing_checksums()?;
         if recorded > 0 {

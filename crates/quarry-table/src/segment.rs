@@ -11,7 +11,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
-use parquet::basic::{Compression, Encoding};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use serde::{Deserialize, Serialize};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -37,6 +37,59 @@ pub struct SegmentOptions {
     pub bloom_filter_columns: Vec<String>,
     /// How data pages are encoded.
     pub page_encoding: PageEncoding,
+    /// Columns stored otherwise than `page_encoding` says, each in its own layout (the
+    /// layout planner's, `quarry layout apply`).
+    pub column_layouts: Vec<ColumnLayoutSpec>,
+}
+
+/// One column's stored layout: a Parquet encoding (`RLE_DICTIONARY` for dictionary encoding)
+/// and a page codec (`UNCOMPRESSED`, `SNAPPY`, `ZSTD(level)`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnLayoutSpec {
+    /// The column.
+    pub column: String,
+    /// Its encoding.
+    pub encoding: String,
+    /// Its pages' codec.
+    pub codec: String,
+}
+
+impl ColumnLayoutSpec {
+    /// The encoding (`None`: dictionary) and codec, checked against the column's Parquet type.
+    pub fn parse(&self, physical: parquet::basic::Type) -> std::result::Result<(Option<Encoding>, Compression), String> {
+        let encoding = match self.encoding.as_str() {
+            "RLE_DICTIONARY" | "PLAIN_DICTIONARY" => None,
+            other => Some(other.parse::<Encoding>().map_err(|e| format!("column '{}': encoding '{other}': {e}", self.column))?),
+        };
+        if !crate::layout_sample::encodes(encoding, physical) {
+            return Err(format!("column '{}' ({physical}) cannot be stored with the {} encoding", self.column, self.encoding));
+        }
+        let codec = match self.codec.as_str() {
+            "UNCOMPRESSED" => Compression::UNCOMPRESSED,
+            "SNAPPY" => Compression::SNAPPY,
+            other => match other.strip_prefix("ZSTD(").and_then(|l| l.strip_suffix(')')).and_then(|l| l.parse::<i32>().ok()) {
+                Some(level) => Compression::ZSTD(ZstdLevel::try_new(level).map_err(|e| format!("column '{}': {e}", self.column))?),
+                None => return Err(format!("column '{}': unknown codec '{other}' (expected UNCOMPRESSED, SNAPPY or ZSTD(level))", self.column)),
+            },
+        };
+        Ok((encoding, codec))
+    }
+}
+
+/// Checks `layouts` against `schema` (stored types): each names a column once, with an
+/// encoding its type takes and a known codec.
+pub fn check_column_layouts(schema: &SchemaRef, layouts: &[ColumnLayoutSpec]) -> std::result::Result<(), String> {
+    let parquet = parquet::arrow::ArrowSchemaConverter::new().convert(schema).map_err(|e| e.to_string())?;
+    for (i, layout) in layouts.iter().enumerate() {
+        if layouts[..i].iter().any(|l| l.column == layout.column) {
+            return Err(format!("column '{}' has two layouts", layout.column));
+        }
+        let leaf = (0..parquet.num_columns())
+            .find(|&c| parquet.column(c).path().string() == layout.column)
+            .ok_or_else(|| format!("the layout names column '{}', which the table does not have as a flat column", layout.column))?;
+        layout.parse(parquet.column(leaf).physical_type())?;
+    }
+    Ok(())
 }
 
 /// How a table's data pages are encoded.
@@ -107,6 +160,22 @@ impl SegmentWriter {
             PageEncoding::Plain => props.set_compression(Compression::UNCOMPRESSED).set_dictionary_enabled(false).set_encoding(Encoding::PLAIN),
             PageEncoding::Dictionary => props.set_compression(Compression::UNCOMPRESSED),
         };
+        if !options.column_layouts.is_empty() {
+            let parquet = parquet::arrow::ArrowSchemaConverter::new()
+                .convert(&schema)
+                .map_err(|e| TableError::WriteSegment { path: path.clone(), reason: e.to_string() })?;
+            for layout in &options.column_layouts {
+                let leaf = (0..parquet.num_columns()).find(|&c| parquet.column(c).path().string() == layout.column);
+                let parsed = leaf.ok_or_else(|| format!("no flat column '{}'", layout.column)).and_then(|c| layout.parse(parquet.column(c).physical_type()));
+                let (encoding, codec) = parsed.map_err(|reason| TableError::WriteSegment { path: path.clone(), reason })?;
+                let column = ColumnPath::from(layout.column.as_str());
+                props = props.set_column_compression(column.clone(), codec);
+                props = match encoding {
+                    None => props.set_column_dictionary_enabled(column, true),
+                    Some(encoding) => props.set_column_dictionary_enabled(column.clone(), false).set_column_encoding(column, encoding),
+                };
+            }
+        }
         for column in &options.bloom_filter_columns {
             props = props
                 .set_column_bloom_filter_enabled(ColumnPath::from(column.as_str()), true)

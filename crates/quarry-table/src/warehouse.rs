@@ -33,7 +33,7 @@ use crate::manifest::{
     MANIFEST_FORMAT_VERSION, Manifest, SegmentMeta, TableSchema, manifest_file_name, parse_manifest_file_name,
     storage_schema,
 };
-use crate::segment::{SegmentOptions, SegmentWriter};
+use crate::segment::{SegmentOptions, SegmentWriter, check_column_layouts};
 
 const CURRENT_FILE: &str = "CURRENT";
 const LOCK_FILE: &str = ".lock";
@@ -230,7 +230,9 @@ impl Warehouse {
         if let (WriteMode::Append, Some(base)) = (mode, &base) {
             // A table's pages keep one encoding, so its scans cost the same in every segment.
             options.page_encoding = base.page_encoding;
+            options.column_layouts = base.column_layouts.clone();
         }
+        check_column_layouts(&schema, &options.column_layouts).map_err(|reason| TableError::SchemaMismatch { table: name.into(), reason })?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let id_prefix = format!("{:x}{:08x}-{}", now.as_secs(), now.subsec_nanos(), std::process::id());
         Ok(TableWriter {
@@ -296,6 +298,7 @@ impl TableWriter {
             sort_key: self.sort_key.clone(),
             bloom_filter_columns: self.options.bloom_filter_columns.clone(),
             page_encoding: self.options.page_encoding,
+            column_layouts: self.options.column_layouts.clone(),
             properties: props,
             segments: all_segments,
         };
