@@ -467,6 +467,8 @@ fn sort_key_estimates(sample: &[RecordBatch], queries: &[WorkloadQuery], plan_by
         let Ok(index) = batch.schema().index_of(column) else { continue };
         let values = batch.column(index);
         let order = sort_to_indices(values, None, None).map_err(|e| e.to_string())?;
+        // The sampled values as scalars, made once for every query's key sets.
+        let mut scalars: Option<Vec<Option<ScalarValue>>> = None;
         let mut read_share = Vec::with_capacity(queries.len());
         for query in queries {
             let mut passes: Option<Vec<bool>> = None;
@@ -481,7 +483,8 @@ fn sort_key_estimates(sample: &[RecordBatch], queries: &[WorkloadQuery], plan_by
                     Restriction::Keys(keys) => {
                         let Ok(keys) = cast(keys, values.data_type()) else { continue };
                         let set: HashSet<ScalarValue> = (0..keys.len()).filter_map(|i| ScalarValue::try_from_array(&keys, i).ok()).collect();
-                        (0..rows).map(|i| ScalarValue::try_from_array(values, i).is_ok_and(|v| set.contains(&v))).collect()
+                        let scalars = scalars.get_or_insert_with(|| (0..rows).map(|i| ScalarValue::try_from_array(values, i).ok()).collect());
+                        scalars.iter().map(|v| v.as_ref().is_some_and(|v| set.contains(v))).collect()
                     }
                 };
                 passes = Some(match passes {
