@@ -22,6 +22,24 @@ def _plan(warehouse, tmp_path, name, **profile):
     return json.loads(out.read_text()), run.stdout
 
 
+def _planned_ssb(tmp_path, sample_rows):
+    """SSB SF 0.1 in 30 segments, and lineorder's plan for the SSB workload under softflash
+    (its file and its JSON)."""
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "ssb", "--sf", "0.1", "--segment-rows", "20000"], warehouse)
+    plan_file = tmp_path / "plan.json"
+    q.run_quarry(["--profile", "softflash", "layout", "plan", "lineorder", "--workload", SSB_QUERIES, "--sample-rows", str(sample_rows),
+                  "--output", plan_file], warehouse)
+    return warehouse, plan_file, json.loads(plan_file.read_text())
+
+
+def _query_stats(warehouse, tmp_path, name):
+    """The `--stats` of SSB query `name` run over `warehouse`."""
+    stats = tmp_path / f"{name}-stats.json"
+    q.run_quarry(["sql", "-f", SSB_QUERIES / f"{name}.sql", "--format", "csv", "--output", tmp_path / f"{name}.csv", "--stats", stats], warehouse)
+    return json.loads(stats.read_text())
+
+
 def test_plan_reads_the_workload_and_trades_bytes_for_decode_time(ssb_warehouse, tmp_path):
     slow_read, text = _plan(ssb_warehouse, tmp_path, "slow-read", read_mbps=20)
     slow_cpu, _ = _plan(ssb_warehouse, tmp_path, "slow-cpu", read_mbps=100000, compute_slowdown=50, device_threads=1)
@@ -94,14 +112,10 @@ def test_apply_rewrites_the_table_in_the_plan_sorted_and_appends_keep_it(tmp_pat
     """`layout apply` writes every column in its planned encoding and codec, the rows sorted by
     the first version's key, as one commit; SSB's 13 queries then equal DuckDB's on the new
     files; an append keeps the layout; a plan naming a column the table lacks changes nothing."""
-    warehouse = tmp_path / "wh"
-    q.run_quarry(["gen", "ssb", "--sf", "0.1", "--segment-rows", "20000"], warehouse)
-    plan_file = tmp_path / "plan.json"
-    q.run_quarry(["--profile", "softflash", "layout", "plan", "lineorder", "--workload", SSB_QUERIES, "--sample-rows", "100000",
-                  "--output", plan_file], warehouse)
-    plan = json.loads(plan_file.read_text())
+    warehouse, plan_file, plan = _planned_ssb(tmp_path, sample_rows=100000)
     before = q.read_manifest(warehouse, "lineorder")
     rows = sum(s["rows"] for s in before["segments"])
+    unsorted = _query_stats(warehouse, tmp_path, "q1.1")
 
     # A broken plan is refused before anything is written.
     bad = dict(plan, columns=plan["columns"] + [{"name": "nope", "encoding": "PLAIN", "codec": "SNAPPY"}])
@@ -124,6 +138,11 @@ def test_apply_rewrites_the_table_in_the_plan_sorted_and_appends_keep_it(tmp_pat
     # Sorted: each segment's dates start at or after the previous one's end.
     dates = [next(c for c in s["columns"] if c["name"] == "lo_orderdate") for s in after["segments"]]
     assert all(int(a["max"]) <= int(b["min"]) for a, b in zip(dates, dates[1:])), [(d["min"], d["max"]) for d in dates[:5]]
+    # q1.1 keeps one year of dates through its join with `date`: the star join's key bounds
+    # prune the sorted segments outside that year, so it reads a fraction of what it read before.
+    sorted_run = _query_stats(warehouse, tmp_path, "q1.1")
+    assert sorted_run["segments_pruned"] > len(after["segments"]) // 2, sorted_run
+    assert sorted_run["bytes_read_storage"] < 0.35 * unsorted["bytes_read_storage"], (sorted_run, unsorted)
 
     for path in q.query_files("ssb"):
         sql = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("--"))
@@ -139,3 +158,25 @@ def test_apply_rewrites_the_table_in_the_plan_sorted_and_appends_keep_it(tmp_pat
     newest = [p for p in q.segment_paths(warehouse, "lineorder") if appended["segments"][-1]["id"] in str(p)][0]
     for column, (encodings, codec) in _chunk_layouts(newest).items():
         assert codec == codec_names.get(planned[column][1], "ZSTD"), (column, codec)
+
+
+def test_a_table_sorted_by_a_dimension_key_is_read_only_where_the_dimension_filter_keeps_keys(tmp_path):
+    """Sorted by lo_orderdate with every column in dictionary pages (so the fact side is read
+    page by page, StarScanExec), q1.1 and q4.2 (one year or two of dates, through `date`) skip
+    the segments outside the dates the dimension keeps: results equal DuckDB's, most segments
+    pruned, and q1.1 reads under a third of the bytes it read unsorted."""
+    warehouse, plan_file, plan = _planned_ssb(tmp_path, sample_rows=20000)
+    plan.update(versions=["lo_orderdate"], columns=[dict(c, encoding="RLE_DICTIONARY", codec="SNAPPY") for c in plan["columns"]])
+    plan_file.write_text(json.dumps(plan))
+    unsorted = _query_stats(warehouse, tmp_path, "q1.1")
+    q.run_quarry(["layout", "apply", "lineorder", plan_file], warehouse)
+    segments = len(q.read_manifest(warehouse, "lineorder")["segments"])
+    for name, pruned_share in [("q1.1", 0.7), ("q4.2", 0.6)]:
+        stats = _query_stats(warehouse, tmp_path, name)
+        assert "StarScanExec" in {o["operator"] for o in stats["operators"]}, stats["operators"]
+        assert stats["segments_pruned"] > pruned_share * segments, (name, stats["segments_pruned"], segments)
+        sql = "\n".join(line for line in (SSB_QUERIES / f"{name}.sql").read_text().splitlines() if not line.startswith("--"))
+        cmp = q.compare_with_duckdb(warehouse, sql)
+        assert cmp, f"{name}: {cmp.message}"
+        if name == "q1.1":
+            assert stats["bytes_read_storage"] < unsorted["bytes_read_storage"] / 3, (stats, unsorted)

@@ -32,7 +32,7 @@ use datafusion::execution::context::SessionState;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryReservation, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{PhysicalExpr, conjunction, conjunction_opt};
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::expressions::Column;
@@ -128,6 +128,16 @@ const DEFAULT_WRITE_LEASE: Duration = Duration::from_secs(60);
 
 /// A segment file's path in the object store: the one form every reader and the checksum
 /// registry use (DataFusion's listing scan names local files the same way).
+/// The leaf a star probe reads, directly or through a filter that keeps every column, and that
+/// filter's predicate; no leaf for any other input.
+fn probe_leaf(probe: &StarProbeExec) -> (Option<&ScanLeafExec>, Option<&Arc<dyn PhysicalExpr>>) {
+    match probe.input().downcast_ref::<FilterExec>() {
+        Some(filter) if filter.projection().is_none() => (filter.input().downcast_ref::<ScanLeafExec>(), Some(filter.predicate())),
+        Some(_) => (None, None),
+        None => (probe.input().downcast_ref::<ScanLeafExec>(), None),
+    }
+}
+
 fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
     ObjectPath::from_absolute_path(file).map_err(|e| DataFusionError::Execution(format!("{}: {e}", file.display())))
 }
@@ -429,11 +439,25 @@ impl LocalStorageNode {
                 let snapshot = self.leaf_snapshot(leaf)?;
                 return self.bind_leaf(&snapshot, leaf, None, stats).await;
             }
+            let mut bounded = None;
             if let Some(probe) = plan.downcast_ref::<StarProbeExec>()
-                && let Some(scan) = self.bind_star_scan(probe, stats).await?
+                && let (Some(leaf), predicate) = probe_leaf(probe)
             {
-                return Ok(scan);
+                let bounds = probe.key_bounds_predicate()?;
+                if let Some(scan) = self.bind_star_scan(probe, leaf, predicate, bounds.as_ref(), stats).await? {
+                    return Ok(scan);
+                }
+                // Over an ordinary scan, the bounds filter too: the scan prunes segments by them.
+                if let Some(bounds) = bounds {
+                    let source = probe.input().downcast_ref::<FilterExec>().map_or(probe.input(), |filter| filter.input());
+                    let predicate = conjunction(predicate.cloned().into_iter().chain([bounds]));
+                    bounded = Some(Arc::new(FilterExec::try_new(predicate, Arc::clone(source))?) as Arc<dyn ExecutionPlan>);
+                }
             }
+            let plan = match bounded {
+                Some(input) => replace_children_if_necessary(plan, vec![input])?,
+                None => plan,
+            };
             if let Some(filter) = plan.downcast_ref::<FilterExec>()
                 && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
             {
@@ -518,19 +542,22 @@ impl LocalStorageNode {
 
     /// A star probe over a (filtered) leaf as a [`StarScanExec`], which reads the segments page
     /// by page; `None` (the probe then runs over an ordinary scan) where a segment has a column
-    /// that reader does not read.
-    async fn bind_star_scan(&self, probe: &StarProbeExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let (leaf, predicate) = match probe.input().downcast_ref::<FilterExec>() {
-            Some(filter) if filter.projection().is_none() => (filter.input().downcast_ref::<ScanLeafExec>(), Some(filter.predicate())),
-            Some(_) => (None, None),
-            None => (probe.input().downcast_ref::<ScanLeafExec>(), None),
-        };
-        let (Some(leaf), Some(tables)) = (leaf, probe.tables()) else { return Ok(None) };
+    /// that reader does not read. Segments that fail the probe's key `bounds` are not read.
+    async fn bind_star_scan(
+        &self,
+        probe: &StarProbeExec,
+        leaf: &ScanLeafExec,
+        predicate: Option<&Arc<dyn PhysicalExpr>>,
+        bounds: Option<&Arc<dyn PhysicalExpr>>,
+        stats: &mut ScanStats,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(tables) = probe.tables() else { return Ok(None) };
         if leaf.leaf().limit.is_some() {
             return Ok(None);
         }
         let snapshot = self.leaf_snapshot(leaf)?;
-        let Some(segments) = self.paged_segments(&snapshot, leaf, predicate, stats).await? else { return Ok(None) };
+        let pruning = conjunction_opt(predicate.into_iter().chain(bounds).cloned());
+        let Some(segments) = self.paged_segments(&snapshot, leaf, pruning.as_ref(), stats).await? else { return Ok(None) };
         let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
         let scan = StarScanExec::try_new(segments, self.profile.threads(), leaf.schema(), predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
         Ok(Some(Arc::new(scan)))

@@ -27,6 +27,18 @@ pub enum KeyLookup {
     Strings(HashMap<Box<[u8]>, u32>),
 }
 
+/// Where a lookup's integer keys lie: fact rows whose foreign keys fall outside join nothing
+/// (see `StarProbeExec::key_bounds_predicate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyBounds {
+    /// No key has a code.
+    Empty,
+    /// Every key with a code is within `lo..=hi`.
+    Within(i64, i64),
+    /// Not integer keys: no bound.
+    Any,
+}
+
 /// What building a lookup found.
 #[derive(Debug)]
 pub enum Built {
@@ -81,6 +93,25 @@ impl KeyLookup {
             }
         }
         Ok(Built::Unique(KeyLookup::Ints(map)))
+    }
+
+    /// The integer keys this lookup can match (see [`KeyBounds`]).
+    pub fn bounds(&self) -> KeyBounds {
+        match self {
+            KeyLookup::Dense { min, codes } => {
+                let first = codes.iter().position(|&c| c != NO_CODE);
+                let last = codes.iter().rposition(|&c| c != NO_CODE);
+                match (first, last) {
+                    (Some(first), Some(last)) => KeyBounds::Within(min + first as i64, min + last as i64),
+                    _ => KeyBounds::Empty,
+                }
+            }
+            KeyLookup::Ints(map) => match (map.keys().min(), map.keys().max()) {
+                (Some(&lo), Some(&hi)) => KeyBounds::Within(lo, hi),
+                _ => KeyBounds::Empty,
+            },
+            KeyLookup::Strings(_) => KeyBounds::Any,
+        }
     }
 
     /// Whether keys are strings.
@@ -262,15 +293,21 @@ mod tests {
         let lookup = unique(KeyLookup::build(&dense, &[0, 1, 2, 3]).unwrap());
         assert!(matches!(lookup, KeyLookup::Dense { min: 10, .. }));
         assert_eq!([9, 10, 11, 12, 13].map(|k| lookup.code_int(k)), [NO_CODE, 0, 3, 1, NO_CODE]);
+        assert_eq!(lookup.bounds(), KeyBounds::Within(10, 12));
 
         let sparse: ArrayRef = Arc::new(Int32Array::from(vec![1, 100_000_000, -5]));
         let lookup = unique(KeyLookup::build(&sparse, &[7, 8, 9]).unwrap());
         assert!(matches!(lookup, KeyLookup::Ints(_)));
         assert_eq!([1, 100_000_000, -5, 2].map(|k| lookup.code_int(k)), [7, 8, 9, NO_CODE]);
+        assert_eq!(lookup.bounds(), KeyBounds::Within(-5, 100_000_000));
+        let none: ArrayRef = Arc::new(Int32Array::from(vec![None, None]));
+        let empty = unique(KeyLookup::build(&none, &[0, 1]).unwrap());
+        assert_eq!(empty.bounds(), KeyBounds::Empty, "no key joins");
 
         let strings: ArrayRef = Arc::new(StringArray::from(vec!["a", "bb"]));
         let lookup = unique(KeyLookup::build(&strings, &[0, 1]).unwrap());
         assert_eq!((lookup.code_bytes(b"bb"), lookup.code_bytes(b"c")), (1, NO_CODE));
+        assert_eq!(lookup.bounds(), KeyBounds::Any);
 
         let probe: ArrayRef = Arc::new(StringArray::from(vec![Some("bb"), None, Some("a"), Some("zz")]));
         let (mut rows, mut codes) = (Vec::new(), Vec::new());

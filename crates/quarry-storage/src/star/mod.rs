@@ -27,17 +27,19 @@ use std::sync::{Arc, OnceLock};
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result, Statistics, internal_err, plan_err};
+use datafusion::common::{DataFusionError, Result, ScalarValue, Statistics, internal_err, plan_err};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr, conjunction_opt};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::expressions::{BinaryExpr, Column, Literal};
 use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, apply_expression_roots};
 use futures::StreamExt;
 
 pub use accumulate::{AggFunc, Domain, GroupedStates, partial_schema};
-pub use lookup::{Built, KeyLookup, supported_key_type};
+pub use lookup::{Built, KeyBounds, KeyLookup, supported_key_type};
 pub use scan::StarScanExec;
 use wire::{WireReader, WireWriter};
 
@@ -191,6 +193,50 @@ impl StarProbeExec {
     pub fn tables_cell(&self) -> &TablesCell {
         &self.tables
     }
+
+    /// A predicate every fact row that joins satisfies: each integer key within the range of the
+    /// keys its dimension kept (`false` if one kept none). A node prunes segments and row groups
+    /// by it, so a fact table stored in the order of a dimension's key (a date) is read only over
+    /// the range the dimension's filter keeps. `None` before the tables are built, or where no
+    /// key is bounded.
+    pub fn key_bounds_predicate(&self) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+        let Some(tables) = self.tables() else { return Ok(None) };
+        let schema = self.input.schema();
+        let mut conjuncts: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+        for (&key, dimension) in self.spec.keys.iter().zip(&tables.dims) {
+            let field = schema.field(key);
+            let Some((type_min, type_max)) = int_range(field.data_type()) else { continue };
+            let (lo, hi) = match dimension.lookup.bounds() {
+                KeyBounds::Any => continue,
+                KeyBounds::Empty => return Ok(Some(lit(ScalarValue::Boolean(Some(false))))),
+                KeyBounds::Within(lo, hi) if hi < type_min || lo > type_max => return Ok(Some(lit(ScalarValue::Boolean(Some(false))))),
+                KeyBounds::Within(lo, hi) => (lo.max(type_min), hi.min(type_max)),
+            };
+            let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(field.name(), key));
+            let bound = |value: i64| ScalarValue::Int64(Some(value)).cast_to(field.data_type()).map(lit);
+            conjuncts.push(Arc::new(BinaryExpr::new(Arc::clone(&column), Operator::GtEq, bound(lo)?)));
+            conjuncts.push(Arc::new(BinaryExpr::new(column, Operator::LtEq, bound(hi)?)));
+        }
+        Ok(conjunction_opt(conjuncts))
+    }
+}
+
+/// The values an integer key type holds, as `i64`s; `None` for other types.
+fn int_range(data_type: &DataType) -> Option<(i64, i64)> {
+    Some(match data_type {
+        DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+        DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+        DataType::Int32 | DataType::Date32 => (i32::MIN.into(), i32::MAX.into()),
+        DataType::Int64 => (i64::MIN, i64::MAX),
+        DataType::UInt8 => (0, u8::MAX.into()),
+        DataType::UInt16 => (0, u16::MAX.into()),
+        DataType::UInt32 => (0, u32::MAX.into()),
+        _ => return None,
+    })
+}
+
+fn lit(value: ScalarValue) -> Arc<dyn PhysicalExpr> {
+    Arc::new(Literal::new(value))
 }
 
 impl DisplayAs for StarProbeExec {
