@@ -102,7 +102,8 @@ impl KeyLookup {
                 let first = codes.iter().position(|&c| c != NO_CODE);
                 let last = codes.iter().rposition(|&c| c != NO_CODE);
                 match (first, last) {
-                    (Some(first), Some(last)) => KeyBounds::Within(min + first as i64, min + last as i64),
+                    // Saturating: a table from the wire may place its slots past i64::MAX.
+                    (Some(first), Some(last)) => KeyBounds::Within(min.saturating_add(first as i64), min.saturating_add(last as i64)),
                     _ => KeyBounds::Empty,
                 }
             }

@@ -213,9 +213,9 @@ impl StarProbeExec {
                 KeyBounds::Within(lo, hi) => (lo.max(type_min), hi.min(type_max)),
             };
             let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(field.name(), key));
-            let bound = |value: i64| ScalarValue::Int64(Some(value)).cast_to(field.data_type()).map(lit);
-            conjuncts.push(Arc::new(BinaryExpr::new(Arc::clone(&column), Operator::GtEq, bound(lo)?)));
-            conjuncts.push(Arc::new(BinaryExpr::new(column, Operator::LtEq, bound(hi)?)));
+            let bound = |value: i64| lit(int_scalar(field.data_type(), value));
+            conjuncts.push(Arc::new(BinaryExpr::new(Arc::clone(&column), Operator::GtEq, bound(lo))));
+            conjuncts.push(Arc::new(BinaryExpr::new(column, Operator::LtEq, bound(hi))));
         }
         Ok(conjunction_opt(conjuncts))
     }
@@ -233,6 +233,20 @@ fn int_range(data_type: &DataType) -> Option<(i64, i64)> {
         DataType::UInt32 => (0, u32::MAX.into()),
         _ => return None,
     })
+}
+
+/// `value`, within [`int_range`] of `data_type`, as a scalar of that type.
+fn int_scalar(data_type: &DataType, value: i64) -> ScalarValue {
+    match data_type {
+        DataType::Int8 => ScalarValue::Int8(Some(value as i8)),
+        DataType::Int16 => ScalarValue::Int16(Some(value as i16)),
+        DataType::Int32 => ScalarValue::Int32(Some(value as i32)),
+        DataType::Date32 => ScalarValue::Date32(Some(value as i32)),
+        DataType::UInt8 => ScalarValue::UInt8(Some(value as u8)),
+        DataType::UInt16 => ScalarValue::UInt16(Some(value as u16)),
+        DataType::UInt32 => ScalarValue::UInt32(Some(value as u32)),
+        _ => ScalarValue::Int64(Some(value)),
+    }
 }
 
 fn lit(value: ScalarValue) -> Arc<dyn PhysicalExpr> {
@@ -464,4 +478,56 @@ pub fn decode_probe(bytes: &[u8], input: Arc<dyn ExecutionPlan>, decode_expr: &d
     let cell: TablesCell = Arc::new(OnceLock::new());
     cell.set(Arc::new(tables)).expect("a new cell");
     StarProbeExec::try_new(input, Arc::new(StarSpec { keys, aggregates }), cell)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{ArrayRef, AsArray, Date32Array, Int8Array, Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
+    use datafusion::physical_plan::empty::EmptyExec;
+
+    use super::*;
+
+    fn dimension(keys: ArrayRef) -> StarDimension {
+        let codes: Vec<u32> = (0..keys.len() as u32).collect();
+        match KeyLookup::build(&keys, &codes).unwrap() {
+            Built::Unique(lookup) => StarDimension { lookup, groups: 1 },
+            Built::Duplicate(key) => panic!("duplicate {key}"),
+        }
+    }
+
+    fn probe_of(fields: Vec<Field>, dims: Vec<StarDimension>) -> StarProbeExec {
+        let input = Arc::new(EmptyExec::new(Arc::new(Schema::new(fields))));
+        let cell: TablesCell = Arc::new(OnceLock::new());
+        let order = (0..dims.len()).collect();
+        let keys = (0..dims.len()).collect();
+        cell.set(Arc::new(StarTables { dims, order })).expect("a new cell");
+        StarProbeExec::try_new(input, Arc::new(StarSpec { keys, aggregates: Vec::new() }), cell).unwrap()
+    }
+
+    /// Each integer key is bounded by its dimension's keys, in the key column's own type; string
+    /// keys are not; a dimension whose keys the column's type cannot hold bounds it to nothing.
+    #[test]
+    fn key_bounds_hold_the_rows_that_can_join() {
+        let dates = dimension(Arc::new(Date32Array::from(vec![19_002, 19_000])));
+        let names = dimension(Arc::new(StringArray::from(vec!["a"])));
+        let probe = probe_of(vec![Field::new("d", DataType::Date32, true), Field::new("s", DataType::Utf8, false)], vec![dates, names]);
+        let predicate = probe.key_bounds_predicate().unwrap().expect("the date is bounded");
+        let batch = RecordBatch::try_new(
+            probe.input().schema(),
+            vec![Arc::new(Date32Array::from(vec![Some(18_999), Some(19_000), Some(19_002), Some(19_003), None])), Arc::new(StringArray::from(vec!["a"; 5]))],
+        )
+        .unwrap();
+        let kept = predicate.evaluate(&batch).unwrap().into_array(5).unwrap();
+        assert_eq!(kept.as_boolean().iter().collect::<Vec<_>>(), vec![Some(false), Some(true), Some(true), Some(false), None]);
+
+        let wide = dimension(Arc::new(Int64Array::from(vec![1_000, 2_000])));
+        let narrow = probe_of(vec![Field::new("k", DataType::Int8, false)], vec![wide]);
+        let nothing = narrow.key_bounds_predicate().unwrap().expect("bounded");
+        let batch = RecordBatch::try_new(narrow.input().schema(), vec![Arc::new(Int8Array::from(vec![i8::MAX]))]).unwrap();
+        assert!(!nothing.evaluate(&batch).unwrap().into_array(1).unwrap().as_boolean().value(0), "no key of the column joins");
+
+        let only_strings = probe_of(vec![Field::new("s", DataType::Utf8, false)], vec![dimension(Arc::new(StringArray::from(vec!["a"])))]);
+        assert!(only_strings.key_bounds_predicate().unwrap().is_none());
+    }
 }
