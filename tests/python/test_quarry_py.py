@@ -234,6 +234,28 @@ def test_bench_modes_verdict():
     assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
 
 
+def test_bench_layout_totals_and_failures():
+    import bench_layout as bl
+
+    def entry(name, default, planned, match=True, error=None):
+        layout = lambda bytes_read, ms, error=None: {"bytes_read": bytes_read, "best_ms": ms, "times_ms": [] if ms is None else [ms, ms * 1.1], "error": error}  # noqa: E731
+        return {"name": name, "match": match, "mismatch": None if match else "values differ",
+                "layouts": {"default": layout(*default), "planned": layout(*planned, error) if error is None else layout(None, None, error)}}
+
+    good = [entry("q1", (1000, 100.0), (100, 50.0)), entry("q2", (1000, 100.0), (500, 90.0))]
+    totals = bl.totals_of(good)
+    assert totals["queries"] == 2 and totals["bytes_ratio"] == pytest.approx(0.3) and totals["time_ratio"] == pytest.approx(0.7)
+    assert bl.failures(good, totals, 0.35) == []
+    assert bl.failures(good, totals, 0.25) == ["planned bytes 0.300x the default's > 0.25"]
+    slower = [entry("q1", (1000, 100.0), (100, 150.0))]
+    assert bl.failures(slower, bl.totals_of(slower), 0.35) == ["planned time 1.500x the default's, not lower"]
+    # A query that errors is a failure and stays out of the totals; so is a differing result.
+    broken = good + [entry("q3", (1000, 100.0), None, error="boom"), entry("q4", (10, 1.0), (10, 1.0), match=False)]
+    totals = bl.totals_of(broken)
+    assert totals["queries"] == 3 and totals["default"]["bytes_read"] == 2010
+    assert bl.failures(broken, totals, 0.35) == ["q3 planned: boom", "q4: results differ: values differ"]
+
+
 def test_bench_link_verdict():
     import bench_link as bl
 
