@@ -260,8 +260,22 @@ fn is_string(data_type: &DataType) -> bool {
 }
 
 fn int_type(data_type: &DataType) -> bool {
-    use DataType::*;
-    matches!(data_type, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | Date32)
+    int_key_range(data_type).is_some()
+}
+
+/// The values an integer key type holds, as `i64`s; `None` for a type that is not an integer
+/// key (the one list of them).
+pub fn int_key_range(data_type: &DataType) -> Option<(i64, i64)> {
+    Some(match data_type {
+        DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
+        DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+        DataType::Int32 | DataType::Date32 => (i32::MIN.into(), i32::MAX.into()),
+        DataType::Int64 => (i64::MIN, i64::MAX),
+        DataType::UInt8 => (0, u8::MAX.into()),
+        DataType::UInt16 => (0, u16::MAX.into()),
+        DataType::UInt32 => (0, u32::MAX.into()),
+        _ => return None,
+    })
 }
 
 /// An integer key column as `i64`s (`None` for NULL).

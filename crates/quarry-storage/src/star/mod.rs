@@ -40,6 +40,7 @@ use futures::StreamExt;
 
 pub use accumulate::{AggFunc, Domain, GroupedStates, partial_schema};
 pub use lookup::{Built, KeyBounds, KeyLookup, supported_key_type};
+use lookup::int_key_range;
 pub use scan::StarScanExec;
 use wire::{WireReader, WireWriter};
 
@@ -205,7 +206,7 @@ impl StarProbeExec {
         let mut conjuncts: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
         for (&key, dimension) in self.spec.keys.iter().zip(&tables.dims) {
             let field = schema.field(key);
-            let Some((type_min, type_max)) = int_range(field.data_type()) else { continue };
+            let Some((type_min, type_max)) = int_key_range(field.data_type()) else { continue };
             let (lo, hi) = match dimension.lookup.bounds() {
                 KeyBounds::Any => continue,
                 KeyBounds::Empty => return Ok(Some(lit(ScalarValue::Boolean(Some(false))))),
@@ -221,21 +222,7 @@ impl StarProbeExec {
     }
 }
 
-/// The values an integer key type holds, as `i64`s; `None` for other types.
-fn int_range(data_type: &DataType) -> Option<(i64, i64)> {
-    Some(match data_type {
-        DataType::Int8 => (i8::MIN.into(), i8::MAX.into()),
-        DataType::Int16 => (i16::MIN.into(), i16::MAX.into()),
-        DataType::Int32 | DataType::Date32 => (i32::MIN.into(), i32::MAX.into()),
-        DataType::Int64 => (i64::MIN, i64::MAX),
-        DataType::UInt8 => (0, u8::MAX.into()),
-        DataType::UInt16 => (0, u16::MAX.into()),
-        DataType::UInt32 => (0, u32::MAX.into()),
-        _ => return None,
-    })
-}
-
-/// `value`, within [`int_range`] of `data_type`, as a scalar of that type.
+/// `value`, within [`int_key_range`] of `data_type`, as a scalar of that type.
 fn int_scalar(data_type: &DataType, value: i64) -> ScalarValue {
     match data_type {
         DataType::Int8 => ScalarValue::Int8(Some(value as i8)),
