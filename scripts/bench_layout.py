@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 import tempfile
@@ -85,7 +86,8 @@ def measure_query(args, path: Path, tmp: Path) -> dict:
         cmp = q.compare_query_results(path.read_text(encoding="utf-8"), q.read_parquet_result(outputs["planned"]),
                                       q.read_parquet_result(outputs["default"]))
         entry["match"] = bool(cmp)
-        entry["mismatch"] = None if cmp else str(cmp).replace("quarry", "planned").replace("duckdb", "default")
+        # compare_query_results names its sides quarry and duckdb.
+        entry["mismatch"] = None if cmp else re.sub(r"\bduckdb\b", "default", re.sub(r"\bquarry\b", "planned", str(cmp)))
     return entry
 
 
