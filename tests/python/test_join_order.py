@@ -149,6 +149,14 @@ EDGE_QUERIES = [
     "select f.id, f.amount from fact f where f.amount > (select avg(g.amount) from dim_b db, dim_a da, fact g "
     "where g.a = da.a and g.b = db.b and da.region = 'x')",
     "select f.id, (select count(*) from empty e, dim_a da, fact g where e.a = da.a and g.a = da.a) as n from fact f",
+    # implied equalities: `f.a = da.a and da.a = p.a` also joins `f` with `p` (NULL and
+    # duplicated keys); a cycle the query states; a class holding two columns of one relation
+    # (not closed: `f.a = f.b` must still hold); an empty relation in the class
+    "select f.id, da.name, p.w, db.label from fact f, dim_a da, pairs p, dim_b db where f.a = da.a and da.a = p.a and p.b = db.b",
+    "select f.id, da.name, p.w from fact f, dim_a da, pairs p where f.a = da.a and da.a = p.a and p.a = f.a and da.region = 'x'",
+    "select f.id, p.w from fact f, pairs p, dim_b db where f.a = p.a and p.a = f.b and f.b = db.b",
+    "select f.id, p.w from fact f, pairs p, dim_b db where f.b = p.b and p.b = db.b and f.amount > p.a",
+    "select count(*) from fact f, dim_a da, empty e where f.a = da.a and da.a = e.a",
 ]
 
 
@@ -192,6 +200,19 @@ def test_joins_inside_an_uncorrelated_scalar_subquery_are_ordered(tpch_warehouse
     joins = [line for line in subquery.splitlines() if "HashJoinExec" in line]
     assert len(joins) == 2, subquery
     assert "n_nationkey" in joins[-1] and "s_nationkey" in joins[-1], subquery
+
+
+def test_implied_equality_joins_a_table_to_one_it_is_not_written_against(tpch_warehouse):
+    """TPC-H Q05 states `c_nationkey = s_nationkey` and `s_nationkey = n_nationkey`. Their
+    consequence `c_nationkey = n_nationkey` lets `customer` meet the region's five nations
+    before `orders`, so `orders` and `lineitem` meet a fifth of the customers; `supplier`
+    then joins on its key and one nation key, not on both nation columns."""
+    path = next(p for p in q.query_files("tpch") if p.stem == "q05")
+    plan = physical_plan(tpch_warehouse, q.strip_sql_comments(path.read_text(encoding="utf-8")))
+    keys = [sorted(re.findall(r"(\w+)@\d+", line.split("on=[", 1)[1].split("]", 1)[0])) for line in plan.splitlines() if "HashJoinExec" in line]
+    assert ["c_nationkey", "n_nationkey"] in keys, plan
+    supplier = [k for k in keys if "s_suppkey" in k]
+    assert len(supplier) == 1 and len(supplier[0]) == 4, keys
 
 
 def _build_side_tables():

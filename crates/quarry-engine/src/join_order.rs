@@ -172,6 +172,73 @@ pub(crate) struct Edge {
     pub(crate) left_column: Column,
     pub(crate) right: usize,
     pub(crate) right_column: Column,
+    /// Derived by transitivity from the query's equalities, not written in it.
+    pub(crate) implied: bool,
+    /// The edge's equivalence class, when that class is closed (see [`close_equalities`]): a
+    /// join needs one edge of a closed class between its sides, and the estimates count one.
+    pub(crate) class: Option<usize>,
+}
+
+impl Edge {
+    /// An equality the query states.
+    pub(crate) fn stated(left: usize, left_column: Column, right: usize, right_column: Column) -> Edge {
+        Edge { left, left_column, right, right_column, implied: false, class: None }
+    }
+}
+
+/// `edges` closed under transitivity: `c_nationkey = s_nationkey` and `s_nationkey =
+/// n_nationkey` give `c_nationkey = n_nationkey`, so that `customer` can be joined with
+/// `nation` (and shrink to a region's customers) before either meets `supplier` (TPC-H Q05).
+/// The implied edges come after the stated ones. A class in which one relation has two columns
+/// is left as it is: joining on one of them would drop the equality of the two.
+fn close_equalities(mut edges: Vec<Edge>) -> Vec<Edge> {
+    let mut nodes: Vec<(usize, Column)> = Vec::new();
+    let mut parent: Vec<usize> = Vec::new();
+    let node = |nodes: &mut Vec<(usize, Column)>, parent: &mut Vec<usize>, relation: usize, column: &Column| {
+        nodes.iter().position(|(r, c)| *r == relation && c == column).unwrap_or_else(|| {
+            nodes.push((relation, column.clone()));
+            parent.push(parent.len());
+            parent.len() - 1
+        })
+    };
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    let mut ends = Vec::with_capacity(edges.len());
+    for e in &edges {
+        let (a, b) = (node(&mut nodes, &mut parent, e.left, &e.left_column), node(&mut nodes, &mut parent, e.right, &e.right_column));
+        let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+        parent[ra] = rb;
+        ends.push(a);
+    }
+    let roots: Vec<usize> = (0..nodes.len()).map(|i| root(&mut parent, i)).collect();
+    let roots = roots.as_slice();
+    let members = |class: usize| (0..nodes.len()).filter(move |&i| roots[i] == class);
+    let closed = |class: usize| {
+        let relations: Vec<usize> = members(class).map(|i| nodes[i].0).collect();
+        relations.iter().enumerate().all(|(k, r)| !relations[..k].contains(r))
+    };
+    for (e, end) in edges.iter_mut().zip(ends) {
+        e.class = Some(roots[end]).filter(|&class| closed(class));
+    }
+    let classes: std::collections::BTreeSet<usize> = edges.iter().filter_map(|e| e.class).collect();
+    for class in classes {
+        let members: Vec<usize> = members(class).collect();
+        for (k, &i) in members.iter().enumerate() {
+            for &j in &members[k + 1..] {
+                let ((a, ca), (b, cb)) = (&nodes[i], &nodes[j]);
+                let joined = |e: &Edge| (e.left == *a && e.right == *b) || (e.left == *b && e.right == *a);
+                if !edges.iter().any(|e| e.class == Some(class) && joined(e)) {
+                    edges.push(Edge { left: *a, left_column: ca.clone(), right: *b, right_column: cb.clone(), implied: true, class: Some(class) });
+                }
+            }
+        }
+    }
+    edges
 }
 
 /// A condition over several relations, applied as soon as they are all joined.
@@ -262,7 +329,7 @@ impl Region {
         for (left, right) in parts.equalities {
             match (&left, &right) {
                 (Expr::Column(l), Expr::Column(r)) => match (owner(&relations, l), owner(&relations, r)) {
-                    (Some(a), Some(b)) if a != b => edges.push(Edge { left: a, left_column: l.clone(), right: b, right_column: r.clone() }),
+                    (Some(a), Some(b)) if a != b => edges.push(Edge::stated(a, l.clone(), b, r.clone())),
                     (Some(_), Some(_)) => conditions.push(left.eq(right)),
                     _ => return Ok(None),
                 },
@@ -310,13 +377,20 @@ impl Region {
             }
         }
         let relations = relations.into_iter().map(|plan| Relation { estimate: cardinality::estimate(&plan), plan }).collect();
-        Ok(Some(Region { relations, edges, conditions: multi, semis, output }))
+        Ok(Some(Region { relations, edges: close_equalities(edges), conditions: multi, semis, output }))
     }
 
-    /// A region of `relations` joined by `edges` (indices into `relations`), producing `output`.
+    /// A region of `relations` joined by the stated `edges` (indices into `relations`),
+    /// producing `output`.
     pub(crate) fn of(relations: Vec<LogicalPlan>, edges: Vec<Edge>, output: Vec<Column>) -> Region {
         let relations = relations.into_iter().map(|plan| Relation { estimate: cardinality::estimate(&plan), plan }).collect();
-        Region { relations, edges, conditions: Vec::new(), semis: Vec::new(), output }
+        Region { relations, edges: close_equalities(edges), conditions: Vec::new(), semis: Vec::new(), output }
+    }
+
+    /// The equalities the query states (a star's shape is read from them, not from their
+    /// closure).
+    pub(crate) fn stated_edges(&self) -> impl Iterator<Item = &Edge> {
+        self.edges.iter().filter(|e| !e.implied)
     }
 
     /// The region joined in the cheapest order found; `None` if it needs a cross product.
@@ -451,7 +525,20 @@ impl Region {
         let ((left, left_set), (right, right_set)) = if (sizes.rows(a.1), a.1) <= (sizes.rows(b.1), b.1) { (a, b) } else { (b, a) };
         let set = left_set | right_set;
         let mut on: Vec<(Expr, Expr)> = Vec::new();
+        // One edge of a closed class suffices: each side's members of the class are already
+        // equal (every join below took one of its edges), so the others would be redundant.
+        let mut classes_on = Vec::new();
         for e in &self.edges {
+            let crosses = (left_set & 1 << e.left != 0 && right_set & 1 << e.right != 0) || (left_set & 1 << e.right != 0 && right_set & 1 << e.left != 0);
+            if !crosses {
+                continue;
+            }
+            if let Some(class) = e.class {
+                if classes_on.contains(&class) {
+                    continue;
+                }
+                classes_on.push(class);
+            }
             if left_set & 1 << e.left != 0 && right_set & 1 << e.right != 0 {
                 on.push((Expr::Column(e.left_column.clone()), Expr::Column(e.right_column.clone())));
             } else if left_set & 1 << e.right != 0 && right_set & 1 << e.left != 0 {
@@ -533,8 +620,10 @@ enum Tree {
 /// conditions and semi joins within the subset).
 struct Sizes {
     rows: Vec<f64>,
-    /// Per pair of relations joined by edges, the selectivity of those edges together.
-    pairs: Vec<(u64, f64)>,
+    /// Per pair of relations joined by edges, the selectivity of those edges together and the
+    /// closed classes of the edges (`None`: an edge of no closed class); pairs joined by a
+    /// stated edge come first.
+    pairs: Vec<(u64, f64, Vec<Option<usize>>)>,
     conditions: Vec<(u64, f64)>,
     memo: std::cell::RefCell<std::collections::HashMap<u64, f64>>,
 }
@@ -542,18 +631,21 @@ struct Sizes {
 impl Sizes {
     fn new(region: &Region) -> Self {
         let rows = region.relations.iter().map(|r| r.estimate.rows.max(0.0)).collect();
-        let mut grouped: std::collections::BTreeMap<(usize, usize), Vec<(Column, Column)>> = std::collections::BTreeMap::new();
+        let mut grouped: std::collections::BTreeMap<(bool, usize, usize), Vec<&Edge>> = std::collections::BTreeMap::new();
+        let stated: std::collections::BTreeSet<(usize, usize)> = region.edges.iter().filter(|e| !e.implied).map(|e| (e.left.min(e.right), e.left.max(e.right))).collect();
         for e in &region.edges {
-            let (a, b, ca, cb) = if e.left < e.right { (e.left, e.right, &e.left_column, &e.right_column) } else { (e.right, e.left, &e.right_column, &e.left_column) };
-            grouped.entry((a, b)).or_default().push((ca.clone(), cb.clone()));
+            let (a, b) = (e.left.min(e.right), e.left.max(e.right));
+            grouped.entry((!stated.contains(&(a, b)), a, b)).or_default().push(e);
         }
         let pairs = grouped
             .into_iter()
-            .map(|((a, b), keys)| {
+            .map(|((_, a, b), edges)| {
+                let keys: Vec<(Column, Column)> =
+                    edges.iter().map(|e| if e.left == a { (e.left_column.clone(), e.right_column.clone()) } else { (e.right_column.clone(), e.left_column.clone()) }).collect();
                 let (ea, eb) = (&region.relations[a].estimate, &region.relations[b].estimate);
                 let product = ea.rows * eb.rows;
                 let selectivity = if product > 0.0 { cardinality::join_rows(ea, eb, &keys) / product } else { 1.0 };
-                (1u64 << a | 1 << b, selectivity)
+                (1u64 << a | 1 << b, selectivity, edges.iter().map(|e| e.class).collect())
             })
             .collect();
         let combined = |mask: u64| {
@@ -579,13 +671,33 @@ impl Sizes {
         Sizes { rows, pairs, conditions, memo: Default::default() }
     }
 
-    /// Estimated rows of the relations in `set` joined.
+    /// Estimated rows of the relations in `set` joined. A pair whose every edge is of a closed
+    /// class whose members it joins are already equal within `set` (by the pairs counted
+    /// before it) is redundant, and not counted again: `c = s`, `s = n` and the implied
+    /// `c = n` select as the first two do.
     fn rows(&self, set: u64) -> f64 {
         if let Some(&rows) = self.memo.borrow().get(&set) {
             return rows;
         }
         let mut rows: f64 = bits(set).map(|i| self.rows[i]).product();
-        for &(mask, selectivity) in self.pairs.iter().chain(&self.conditions) {
+        // Per closed class, the groups of relations of `set` already equal on it.
+        let mut equal: Vec<(usize, u64)> = Vec::new();
+        for (mask, selectivity, classes) in &self.pairs {
+            if mask & !set != 0 {
+                continue;
+            }
+            let group = |equal: &[(usize, u64)], class: usize, relations: u64| equal.iter().position(|&(c, m)| c == class && m & relations == relations);
+            if classes.iter().all(|c| c.is_some_and(|c| group(&equal, c, *mask).is_some())) {
+                continue;
+            }
+            rows *= selectivity;
+            for class in classes.iter().flatten() {
+                let merged = equal.iter().filter(|&&(c, m)| c == *class && m & mask != 0).fold(*mask, |acc, &(_, m)| acc | m);
+                equal.retain(|&(c, m)| c != *class || m & mask == 0);
+                equal.push((*class, merged));
+            }
+        }
+        for &(mask, selectivity) in &self.conditions {
             if mask & !set == 0 {
                 rows *= selectivity;
             }

@@ -199,7 +199,7 @@ fn star_join(aggregate: &Aggregate, original: &LogicalPlan) -> Result<Option<Sta
         }
         i
     };
-    for edge in &region.edges {
+    for edge in region.stated_edges() {
         if edge.left != fact && edge.right != fact {
             let (a, b) = (find(&component, edge.left), find(&component, edge.right));
             component[a.max(b)] = a.min(b);
@@ -208,7 +208,7 @@ fn star_join(aggregate: &Aggregate, original: &LogicalPlan) -> Result<Option<Sta
     let roots: Vec<usize> = (0..n).filter(|&i| i != fact && find(&component, i) == i).collect();
     let mut keys = Vec::new();
     for &root in &roots {
-        let to_fact: Vec<&Edge> = region.edges.iter().filter(|e| (e.left == fact) != (e.right == fact) && find(&component, if e.left == fact { e.right } else { e.left }) == root).collect();
+        let to_fact: Vec<&Edge> = region.stated_edges().filter(|e| (e.left == fact) != (e.right == fact) && find(&component, if e.left == fact { e.right } else { e.left }) == root).collect();
         let [edge] = to_fact.as_slice() else { return Ok(None) };
         let (fact_key, dim_key) = if edge.left == fact { (&edge.left_column, &edge.right_column) } else { (&edge.right_column, &edge.left_column) };
         let fact_type = region.relations[fact].plan.schema().field_from_column(fact_key)?.data_type().clone();
@@ -254,9 +254,8 @@ fn star_join(aggregate: &Aggregate, original: &LogicalPlan) -> Result<Option<Sta
         let members: Vec<usize> = (0..n).filter(|&i| i != fact && find(&component, i) == root).collect();
         let local = |i: usize| members.iter().position(|&m| m == i);
         let edges = region
-            .edges
-            .iter()
-            .filter_map(|e| Some(Edge { left: local(e.left)?, left_column: e.left_column.clone(), right: local(e.right)?, right_column: e.right_column.clone() }))
+            .stated_edges()
+            .filter_map(|e| Some(Edge::stated(local(e.left)?, e.left_column.clone(), local(e.right)?, e.right_column.clone())))
             .collect();
         let mut output = vec![keys[d].1.clone()];
         output.extend(grouped.iter().filter(|(g, _)| *g == d).flat_map(|(_, e)| e.column_refs()).cloned());
