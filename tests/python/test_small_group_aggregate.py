@@ -7,7 +7,7 @@ longer than a string view holds inline, integers, dates, booleans, each with NUL
 show the operator, with the filter folded in when it passes most rows (`n > 50`, about 95%) and
 left as a filter when it passes few (`n <= 100`); a key with thousands of values, and a one-step
 aggregate (one thread), keep DataFusion's aggregate. Every result must equal DuckDB's by value: sums, averages and counts
-over decimals, integers and floats with NULLs, a filter that passes nothing, and a filter
+over decimals, integers and floats with NULLs, a group whose values are all NULL, a filter that passes nothing, and a filter
 guarding a division by zero (`d <> 0`: the operator computes its aggregate arguments over all
 rows of a batch, and must not fail on a row the filter drops).
 """
@@ -100,6 +100,9 @@ QUERIES = [
     "select g, count(*) as c, sum(qty) as s from {t} where n > 5000 group by g",
     "select flag, g from {t} where n > 10 group by flag, g",
     "select g, sum(qty) as s from {t} where n > 50 group by g having sum(qty) > 1000",
+    # a group whose values are all NULL: its sum and average are NULL, its count 0
+    "select g, sum(case when g = 'A' then null else qty end) as s, avg(case when g = 'A' then null else price end) as a, "
+    "count(case when g = 'A' then null else qty end) as c, count(*) as n from {t} where n > 50 group by g",
 ]
 
 

@@ -16,8 +16,9 @@
 //!   at the end, and the aggregate arguments are computed over the whole batch. If that
 //!   computation fails (a row the filter drops may divide by zero), the batch is filtered first
 //!   and computed again, so errors are exactly DataFusion's;
-//! * the accumulators are DataFusion's own (`GroupsAccumulator`), so the partial states, and the
-//!   final aggregate above, are unchanged.
+//! * `sum`, `avg` and `count` of integers and decimals add into interleaved copies of each
+//!   group's slots ([`FewGroupSums`]); other aggregates use DataFusion's own accumulators
+//!   (`GroupsAccumulator`). The partial states, and the final aggregate above, are DataFusion's.
 //!
 //! Its output is the partial aggregate's, partition for partition.
 
@@ -45,6 +46,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use crate::few_group_sums::{FewGroupSums, rows_per_group};
 use crate::placement::plan_statistics;
 
 /// Aggregates whose key columns' distinct values multiply to at most this many groups.
@@ -254,9 +256,10 @@ impl ExecutionPlan for SmallGroupAggregateExec {
             prelude: self.prelude.clone(),
             key_columns: self.key_columns.clone(),
             arguments: self.aggregate.aggr_expr().iter().map(|a| a.expressions()).collect(),
-            accumulators: self.aggregate.aggr_expr().iter().map(|a| a.create_groups_accumulator()).collect::<Result<_>>()?,
+            accumulators: self.aggregate.aggr_expr().iter().map(|a| Accumulator::for_aggregate(a, &self.aggregate.input_schema())).collect::<Result<_>>()?,
             groups: Groups::new(self.key_columns.len()),
             group_ids: Vec::new(),
+            rows_per_group: Vec::new(),
             reservation,
             schema: self.schema(),
             metrics: BaselineMetrics::new(&self.metrics, partition),
@@ -284,9 +287,11 @@ struct PartitionState {
     prelude: Prelude,
     key_columns: Vec<usize>,
     arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
-    accumulators: Vec<Box<dyn GroupsAccumulator>>,
+    accumulators: Vec<Accumulator>,
     groups: Groups,
     group_ids: Vec<usize>,
+    /// The current batch's rows per group.
+    rows_per_group: Vec<u64>,
     reservation: MemoryReservation,
     schema: SchemaRef,
     metrics: BaselineMetrics,
@@ -332,17 +337,29 @@ impl PartitionState {
         let keys: Vec<&ArrayRef> = self.key_columns.iter().map(|&c| rows.column(c)).collect();
         self.groups.assign(&keys, mask.as_ref(), &mut self.group_ids)?;
         let total = self.groups.len();
-        for (accumulator, values) in self.accumulators.iter_mut().zip(&arguments) {
-            accumulator.update_batch(values, &self.group_ids, None, total)?;
+        if self.accumulators.iter().any(|a| matches!(a, Accumulator::Sums(_))) {
+            rows_per_group(&self.group_ids, total, &mut self.rows_per_group);
         }
-        let size = self.groups.size() + self.accumulators.iter().map(|a| a.size()).sum::<usize>();
+        for (accumulator, values) in self.accumulators.iter_mut().zip(&arguments) {
+            match accumulator {
+                Accumulator::Sums(sums) => sums.update(values.first(), &self.group_ids, total, &self.rows_per_group)?,
+                Accumulator::DataFusion(native) => native.update_batch(values, &self.group_ids, None, total)?,
+            }
+        }
+        let size = self.groups.size() + self.accumulators.iter().map(Accumulator::size).sum::<usize>();
         self.reservation.try_resize(size)
     }
 
     /// The aggregate's input rows and each aggregate's argument values.
     fn compute(&self, batch: &RecordBatch) -> Result<(RecordBatch, Vec<Vec<ArrayRef>>)> {
         let rows = self.prelude.compute(batch)?;
-        let arguments = self.arguments.iter().map(|exprs| exprs.iter().map(|e| e.evaluate(&rows)?.into_array(rows.num_rows())).collect::<Result<Vec<_>>>()).collect::<Result<_>>()?;
+        let evaluated = |exprs: &Vec<Arc<dyn PhysicalExpr>>| exprs.iter().map(|e| e.evaluate(&rows)?.into_array(rows.num_rows())).collect::<Result<Vec<_>>>();
+        let arguments = self
+            .arguments
+            .iter()
+            .zip(&self.accumulators)
+            .map(|(exprs, accumulator)| if matches!(accumulator, Accumulator::Sums(s) if s.ignores_argument()) { Ok(Vec::new()) } else { evaluated(exprs) })
+            .collect::<Result<_>>()?;
         Ok((rows, arguments))
     }
 
@@ -354,11 +371,38 @@ impl PartitionState {
         }
         let count = self.groups.len() - 1;
         let mut columns = self.groups.keys()?;
+        let total = self.groups.len();
         for accumulator in &mut self.accumulators {
-            columns.extend(accumulator.state(EmitTo::All)?.into_iter().map(|s| s.slice(1, count)));
+            let state = match accumulator {
+                Accumulator::Sums(sums) => sums.state(total)?,
+                Accumulator::DataFusion(native) => native.state(EmitTo::All)?,
+            };
+            columns.extend(state.into_iter().map(|s| s.slice(1, count)));
         }
         self.reservation.free();
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+}
+
+/// One aggregate's per-group state.
+enum Accumulator {
+    Sums(FewGroupSums),
+    DataFusion(Box<dyn GroupsAccumulator>),
+}
+
+impl Accumulator {
+    fn for_aggregate(aggregate: &datafusion::physical_expr::aggregate::AggregateFunctionExpr, input: &arrow::datatypes::Schema) -> Result<Self> {
+        Ok(match FewGroupSums::for_aggregate(aggregate, input)? {
+            Some(sums) => Accumulator::Sums(sums),
+            None => Accumulator::DataFusion(aggregate.create_groups_accumulator()?),
+        })
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Accumulator::Sums(sums) => sums.size(),
+            Accumulator::DataFusion(native) => native.size(),
+        }
     }
 }
 
@@ -377,6 +421,14 @@ struct Groups {
     touched: bool,
     /// The current batch's codes, per key column (buffers kept between batches).
     row_codes: Vec<Vec<u32>>,
+    /// The current batch's packed codes while the dense table holds the groups.
+    packed_dense: Vec<u32>,
+}
+
+/// Whether `mask` (if any) keeps `row`.
+#[inline]
+fn passes(mask: Option<&BooleanArray>, row: usize) -> bool {
+    mask.is_none_or(|m| m.values().value(row))
 }
 
 /// The dense table of group ids covers this many bits of packed key codes.
@@ -393,6 +445,7 @@ impl Groups {
             hashed: None,
             touched: false,
             row_codes: vec![Vec::new(); columns],
+            packed_dense: Vec::new(),
         }
     }
 
@@ -415,26 +468,52 @@ impl Groups {
             self.widen();
         }
         let rows = keys.first().map_or(0, |k| k.len());
-        // The rows' packed codes, a column at a time.
-        let mut packed: Vec<u128> = self.row_codes[0].iter().map(|&c| c as u128).collect();
-        let mut shift = self.widths[0];
-        for (codes, width) in self.row_codes.iter().zip(&self.widths).skip(1) {
-            packed.iter_mut().zip(codes).for_each(|(p, &c)| *p |= (c as u128) << shift);
-            shift += width;
-        }
         ids.clear();
         ids.reserve(rows);
-        let mask_bits = mask.map(|m| (m.values().inner().as_slice(), m.values().offset()));
-        for (row, &key) in packed.iter().enumerate() {
-            let passes = mask_bits.is_none_or(|(bits, offset)| arrow::util::bit_util::get_bit(bits, offset + row));
-            let mut id = match &self.hashed {
-                None => self.dense[key as usize],
-                Some(hashed) => hashed.get(&key).copied().unwrap_or(u32::MAX),
-            };
-            if id == u32::MAX && passes {
-                id = self.create(key, row);
+        if self.hashed.is_none() {
+            // The dense table: each row's packed codes index it directly. Rows of groups not
+            // seen yet get `u32::MAX` here and a group (if they pass) below.
+            self.packed_dense.clear();
+            self.packed_dense.extend_from_slice(&self.row_codes[0]);
+            let mut shift = self.widths[0];
+            for (codes, width) in self.row_codes.iter().zip(&self.widths).skip(1) {
+                self.packed_dense.iter_mut().zip(codes).for_each(|(p, &c)| *p |= c << shift);
+                shift += width;
             }
-            ids.push(if passes { id as usize } else { 0 });
+            ids.extend(self.packed_dense.iter().map(|&key| self.dense[key as usize] as usize));
+            for row in 0..rows {
+                if ids[row] == u32::MAX as usize {
+                    // An earlier row of this batch may have made the group.
+                    let key = self.packed_dense[row];
+                    ids[row] = match self.dense[key as usize] {
+                        u32::MAX if passes(mask, row) => self.create(key as u128, row),
+                        id => id,
+                    } as usize;
+                }
+            }
+        } else {
+            // The rows' packed codes, a column at a time.
+            let mut packed: Vec<u128> = self.row_codes[0].iter().map(|&c| c as u128).collect();
+            let mut shift = self.widths[0];
+            for (codes, width) in self.row_codes.iter().zip(&self.widths).skip(1) {
+                packed.iter_mut().zip(codes).for_each(|(p, &c)| *p |= (c as u128) << shift);
+                shift += width;
+            }
+            for (row, &key) in packed.iter().enumerate() {
+                let hashed = self.hashed.as_ref().expect("not the dense table");
+                let id = match hashed.get(&key) {
+                    Some(&id) => id,
+                    None if passes(mask, row) => self.create(key, row),
+                    None => u32::MAX,
+                };
+                ids.push(id as usize);
+            }
+        }
+        // Rows the mask drops go to group 0 (and made no group above).
+        if let Some(mask) = mask {
+            for row in (!mask.values()).set_indices() {
+                ids[row] = 0;
+            }
         }
         Ok(())
     }
