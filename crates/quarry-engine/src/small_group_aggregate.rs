@@ -431,6 +431,21 @@ fn passes(mask: Option<&BooleanArray>, row: usize) -> bool {
     mask.is_none_or(|m| m.values().value(row))
 }
 
+/// Each row's key codes packed into one integer (`widths` bits per column, the first column
+/// lowest), a column at a time; `T` is wide enough for the widths' sum.
+fn pack_rows<T>(row_codes: &[Vec<u32>], widths: &[u32], packed: &mut Vec<T>)
+where
+    T: From<u32> + std::ops::Shl<u32, Output = T> + std::ops::BitOrAssign + Copy,
+{
+    packed.clear();
+    packed.extend(row_codes[0].iter().map(|&c| T::from(c)));
+    let mut shift = widths[0];
+    for (codes, width) in row_codes.iter().zip(widths).skip(1) {
+        packed.iter_mut().zip(codes).for_each(|(p, &c)| *p |= T::from(c) << shift);
+        shift += width;
+    }
+}
+
 /// The dense table of group ids covers this many bits of packed key codes.
 const DENSE_BITS: u32 = 16;
 
@@ -473,13 +488,7 @@ impl Groups {
         if self.hashed.is_none() {
             // The dense table: each row's packed codes index it directly. Rows of groups not
             // seen yet get `u32::MAX` here and a group (if they pass) below.
-            self.packed_dense.clear();
-            self.packed_dense.extend_from_slice(&self.row_codes[0]);
-            let mut shift = self.widths[0];
-            for (codes, width) in self.row_codes.iter().zip(&self.widths).skip(1) {
-                self.packed_dense.iter_mut().zip(codes).for_each(|(p, &c)| *p |= c << shift);
-                shift += width;
-            }
+            pack_rows(&self.row_codes, &self.widths, &mut self.packed_dense);
             ids.extend(self.packed_dense.iter().map(|&key| self.dense[key as usize] as usize));
             for row in 0..rows {
                 if ids[row] == u32::MAX as usize {
@@ -492,13 +501,8 @@ impl Groups {
                 }
             }
         } else {
-            // The rows' packed codes, a column at a time.
-            let mut packed: Vec<u128> = self.row_codes[0].iter().map(|&c| c as u128).collect();
-            let mut shift = self.widths[0];
-            for (codes, width) in self.row_codes.iter().zip(&self.widths).skip(1) {
-                packed.iter_mut().zip(codes).for_each(|(p, &c)| *p |= (c as u128) << shift);
-                shift += width;
-            }
+            let mut packed: Vec<u128> = Vec::new();
+            pack_rows(&self.row_codes, &self.widths, &mut packed);
             for (row, &key) in packed.iter().enumerate() {
                 let hashed = self.hashed.as_ref().expect("not the dense table");
                 let id = match hashed.get(&key) {
