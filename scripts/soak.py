@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -196,13 +197,16 @@ def main() -> int:
         setup_seconds = time.monotonic() - setup_started
 
         soak = Soak(args, urls, work, expected, graph_expected)
-        peak_rss = [0] * len(pids)
+        # Resident memory, and its anonymous part: segment reads map the files, and the page
+        # cache's pages of a mapped file count as resident too.
+        peaks = {key: [0] * len(pids) for key in ("VmRSS", "RssAnon", "RssFile")}
         sampling = threading.Event()
 
         def sample() -> None:
             while not sampling.is_set():
-                for i, pid in enumerate(pids):
-                    peak_rss[i] = max(peak_rss[i], node_memory_kib(pid, "VmRSS") or 0)
+                for key, peak in peaks.items():
+                    for i, pid in enumerate(pids):
+                        peak[i] = max(peak[i], node_memory_kib(pid, key) or 0)
                 sampling.wait(0.5)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -214,6 +218,7 @@ def main() -> int:
         for c in clients:
             c.join()
         elapsed = time.monotonic() - started
+        shutil.rmtree(soak.scratch, ignore_errors=True)
         sampling.set()
         sampler.join()
         hwm = [node_memory_kib(p, "VmHWM") for p in pids]
@@ -222,6 +227,8 @@ def main() -> int:
         for nodes in groups.values():
             for n in nodes:
                 n.stop()
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
 
     tally = soak.tally
     kinds = {
@@ -237,7 +244,8 @@ def main() -> int:
     for i, (suite, index, n) in enumerate(all_nodes):
         device = args.device_memory if index == args.nodes - 1 else None
         node_rows.append({"suite": suite, "url": n.arg, "device_memory": device, "idle_rss_mib": (idle_kib[i] or 0) / 1024,
-                          "peak_rss_mib": peak_rss[i] / 1024, "vm_hwm_mib": (hwm[i] or 0) / 1024, "exit_status_during_soak": exited[i]})
+                          "peak_rss_mib": peaks["VmRSS"][i] / 1024,
+                          "peak_anon_mib": peaks["RssAnon"][i] / 1024, "peak_file_mib": peaks["RssFile"][i] / 1024, "vm_hwm_mib": (hwm[i] or 0) / 1024, "exit_status_during_soak": exited[i]})
     report = {
         "command": " ".join(sys.argv),
         "git": q.git_state(),
@@ -267,8 +275,12 @@ def main() -> int:
     ]
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines += [f"| {k} | {v['done']} | {fmt(v['p50_s'])} | {fmt(v['p99_s'])} |" for k, v in kinds.items()]
-    lines += ["", "| suite | node | device memory | idle RSS (MiB) | peak RSS sampled (MiB) | VmHWM (MiB) |", "|---|---|---|---|---|---|"]
-    lines += [f"| {n['suite']} | {n['url']} | {n['device_memory'] or '-'} | {n['idle_rss_mib']:.0f} | {n['peak_rss_mib']:.0f} | {n['vm_hwm_mib']:.0f} |" for n in node_rows]
+    lines += ["", "Node memory in MiB: resident when idle; peaks sampled every 0.5 s (resident, its anonymous part, its"
+              " file-mapped part); VmHWM, the kernel's resident peak.", "",
+              "| suite | node | device memory | idle | peak resident | peak anonymous | peak file-mapped | VmHWM |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {n['suite']} | {n['url']} | {n['device_memory'] or '-'} | {n['idle_rss_mib']:.0f} | {n['peak_rss_mib']:.0f} |"
+              f" {n['peak_anon_mib']:.0f} | {n['peak_file_mib']:.0f} | {n['vm_hwm_mib']:.0f} |" for n in node_rows]
     lines += [""] + [f"- wrong: {w}" for w in tally.wrong[:20]] + [f"- error: {e}" for e in tally.errors[:20]]
     text = "\n".join(lines) + "\n"
     print(text)

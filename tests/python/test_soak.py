@@ -27,5 +27,5 @@ def test_a_short_soak_answers_everything_right(tmp_path, quarry_bin):
     assert all(report["kinds"][kind]["done"] > 0 for kind in ("query", "append", "graph")), report["kinds"]
     assert len(report["nodes"]) == 6 and all(node["exit_status_during_soak"] is None for node in report["nodes"])
     # The nodes' peak memory is read from the nodes themselves: above what they held idle.
-    assert all(node["vm_hwm_mib"] >= node["idle_rss_mib"] > 0 for node in report["nodes"]), report["nodes"]
+    assert all(node["vm_hwm_mib"] >= node["idle_rss_mib"] > 0 and node["peak_anon_mib"] > 0 for node in report["nodes"]), report["nodes"]
     assert "Wrong answers: 0. Errors: 0." in (out / "soak.md").read_text()
