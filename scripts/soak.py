@@ -68,7 +68,8 @@ def percentile(values: list[float], p: float) -> float | None:
 
 
 def node_memory_kib(pid: int, key: str) -> int | None:
-    """`VmRSS` or `VmHWM` of a process, in KiB (None once it has exited)."""
+    """A memory field of a process's /proc status (VmRSS, VmHWM, RssAnon, RssFile), in KiB
+    (None once it has exited)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(key + ":"):
@@ -76,6 +77,11 @@ def node_memory_kib(pid: int, key: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def suite_staging(work: Path, suite: str) -> Path:
+    """The host-side warehouse of a suite's nodes."""
+    return work / suite / "staging"
 
 
 def components_summary(nodes: str, staging: Path, table: str) -> tuple:
@@ -94,6 +100,9 @@ class Soak:
         self.tally = Tally()
         self.deadline = time.monotonic() + args.duration
         self.scratch = Path(tempfile.mkdtemp(prefix="quarry-soak-"))
+
+    def staging(self, suite: str) -> Path:
+        return suite_staging(self.work, suite)
 
     def client(self, index: int) -> None:
         rng = random.Random(self.args.seed * 1000 + index)
@@ -114,12 +123,12 @@ class Soak:
                     wrong = self.graph(index)
                 self.tally.record(kind, time.monotonic() - started, wrong=wrong)
             except Exception as e:  # noqa: BLE001 - every failure is counted and reported
-                self.tally.record(kind, time.monotonic() - started, error=f"client {index} {kind}: {q.error_line(getattr(e, 'stderr', '') or str(e), 1)}")
+                self.tally.record(kind, time.monotonic() - started, error=f"client {index} {kind}: {q.error_line(getattr(e, 'stderr', '') or str(e), getattr(e, 'returncode', 1))}")
 
     def query(self, path: Path, index: int, step: int) -> str | None:
         out = self.scratch / f"c{index}-{step}.parquet"
         suite = path.parent.name
-        q.run_quarry(["--nodes", self.urls[suite], "sql", "-f", str(path), "--format", "parquet", "--output", str(out)], self.work / suite / "staging", timeout=600)
+        q.run_quarry(["--nodes", self.urls[suite], "sql", "-f", str(path), "--format", "parquet", "--output", str(out)], self.staging(suite), timeout=600)
         result = q.read_parquet_result(out)
         out.unlink()
         comparison = q.compare_query_results(path.read_text(), result, self.expected[path])
@@ -131,18 +140,18 @@ class Soak:
         values = [rng.randint(-10**9, 10**9) for _ in range(rows)]
         csv = self.scratch / f"c{index}-{step}.csv"
         csv.write_text("k,v\n" + "".join(f"{step},{v}\n" for v in values))
-        q.run_quarry(["--nodes", self.urls["tpch"], "load", table, str(csv), "--schema", "k BIGINT, v BIGINT", *(["--append"] if appended["rows"] else [])], self.work / "tpch" / "staging", timeout=600)
+        q.run_quarry(["--nodes", self.urls["tpch"], "load", table, str(csv), "--schema", "k BIGINT, v BIGINT", *(["--append"] if appended["rows"] else [])], self.staging("tpch"), timeout=600)
         csv.unlink()
         appended["rows"] += rows
         appended["sum"] += sum(values)
-        out = q.run_quarry(["--nodes", self.urls["tpch"], "sql", f"select count(*), sum(v) from {table}", "--format", "csv"], self.work / "tpch" / "staging", timeout=600)
+        out = q.run_quarry(["--nodes", self.urls["tpch"], "sql", f"select count(*), sum(v) from {table}", "--format", "csv"], self.staging("tpch"), timeout=600)
         got = out.stdout.strip().splitlines()[-1]
         want = f"{appended['rows']},{appended['sum']}"
         return None if got == want else f"client {index} {table}: count, sum {got}, expected {want}"
 
     def graph(self, index: int) -> str | None:
         table = f"soak_cc_c{index}"
-        staging = self.work / "tpch" / "staging"
+        staging = self.staging("tpch")
         q.run_quarry(["--nodes", self.urls["tpch"], "graph", "cc", "g", "--table", table, "--memory", self.args.graph_memory], staging, timeout=600)
         got = components_summary(self.urls["tpch"], staging, table)
         return None if got == self.graph_expected else f"client {index} graph cc: {got}, expected {self.graph_expected}"
@@ -184,13 +193,13 @@ def main() -> int:
         setup_started = time.monotonic()
         expected = {}
         for suite in SUITES:
-            staging = work / suite / "staging"
+            staging = suite_staging(work, suite)
             q.run_quarry(["--nodes", urls[suite], "gen", suite, "--sf", str(args.sf)], staging, timeout=3600)
             con = q.duckdb_connect(warehouses[suite], threads=2)
             expected.update({path: q.duckdb_result(con, path.read_text()) for path in q.query_files(suite)})
             con.close()
         # A graph lives on one node (the first); jobs name every node and run where it is.
-        staging = work / "tpch" / "staging"
+        staging = suite_staging(work, "tpch")
         q.run_quarry(["--nodes", groups["tpch"][0].arg, "graph", "gen", "kron", "g", "--scale", str(args.graph_scale)], staging, timeout=3600)
         q.run_quarry(["--nodes", urls["tpch"], "graph", "cc", "g", "--table", "soak_cc_reference", "--memory", args.graph_memory], staging, timeout=3600)
         graph_expected = components_summary(urls["tpch"], staging, "soak_cc_reference")
