@@ -24,6 +24,7 @@ memory. Exit status 1 if any answer was wrong or any operation failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -67,16 +68,19 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def node_memory_kib(pid: int, key: str) -> int | None:
-    """A memory field of a process's /proc status (VmRSS, VmHWM, RssAnon, RssFile), in KiB
-    (None once it has exited)."""
+def node_memory_kib(pid: int) -> dict[str, int]:
+    """The memory fields of a process's /proc status (VmRSS, VmHWM, RssAnon, RssFile, ...), in
+    KiB; empty once it has exited."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
-        return None
-    return None
+        return {}
+    return {key: int(rest.split()[0]) for key, _, rest in (ln.partition(":") for ln in lines) if rest.strip().endswith("kB")}
+
+
+def node_warehouse(work: Path, suite: str, index: int) -> Path:
+    """The warehouse of a suite's node `index`."""
+    return work / suite / f"node{index}"
 
 
 def suite_staging(work: Path, suite: str) -> Path:
@@ -176,26 +180,22 @@ def main() -> int:
     # SSB and TPC-H both have tables named part, customer and supplier: each suite gets its own
     # NODES nodes (the last under --device-memory); appends and graph jobs go to TPC-H's.
     groups: dict[str, list[q.StorageNodes]] = {}
-    warehouses: dict[str, list[Path]] = {}
+    nodes_running = contextlib.ExitStack()
     try:
         for suite in SUITES:
-            warehouses[suite] = [work / suite / f"node{i}" for i in range(args.nodes)]
-            extra = [[] for _ in range(args.nodes)]
-            extra[-1] = ["--device-memory", args.device_memory]
-            groups[suite] = []
-            for w, e in zip(warehouses[suite], extra):
-                groups[suite].append(q.StorageNodes([w], e))
-                groups[suite][-1].__enter__()
+            # The last node of each suite under the device memory.
+            extra = [[]] * (args.nodes - 1) + [["--device-memory", args.device_memory]]
+            groups[suite] = [nodes_running.enter_context(q.StorageNodes([node_warehouse(work, suite, i)], e)) for i, e in enumerate(extra)]
         urls = {suite: ",".join(n.arg for n in nodes) for suite, nodes in groups.items()}
         all_nodes = [(suite, i, n) for suite, nodes in groups.items() for i, n in enumerate(nodes)]
         pids = [n.procs[0].pid for _, _, n in all_nodes]
-        idle_kib = [node_memory_kib(p, "VmRSS") for p in pids]
+        idle_kib = [node_memory_kib(p).get("VmRSS") for p in pids]
         setup_started = time.monotonic()
         expected = {}
         for suite in SUITES:
             staging = suite_staging(work, suite)
             q.run_quarry(["--nodes", urls[suite], "gen", suite, "--sf", str(args.sf)], staging, timeout=3600)
-            con = q.duckdb_connect(warehouses[suite], threads=2)
+            con = q.duckdb_connect([node_warehouse(work, suite, i) for i in range(args.nodes)], threads=2)
             expected.update({path: q.duckdb_result(con, path.read_text()) for path in q.query_files(suite)})
             con.close()
         # A graph lives on one node (the first); jobs name every node and run where it is.
@@ -213,9 +213,10 @@ def main() -> int:
 
         def sample() -> None:
             while not sampling.is_set():
-                for key, peak in peaks.items():
-                    for i, pid in enumerate(pids):
-                        peak[i] = max(peak[i], node_memory_kib(pid, key) or 0)
+                for i, pid in enumerate(pids):
+                    now = node_memory_kib(pid)
+                    for key, peak in peaks.items():
+                        peak[i] = max(peak[i], now.get(key, 0))
                 sampling.wait(0.5)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -230,12 +231,10 @@ def main() -> int:
         shutil.rmtree(soak.scratch, ignore_errors=True)
         sampling.set()
         sampler.join()
-        hwm = [node_memory_kib(p, "VmHWM") for p in pids]
+        hwm = [node_memory_kib(p).get("VmHWM") for p in pids]
         exited = [n.procs[0].poll() for _, _, n in all_nodes]
     finally:
-        for nodes in groups.values():
-            for n in nodes:
-                n.stop()
+        nodes_running.close()
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
 
