@@ -7,9 +7,11 @@ cd "$(dirname "$0")/.."
 
 # The `ci` profile (see Cargo.toml) trades run-time speed for a much shorter clean build.
 cargo build --profile ci --locked --bin quarry
-# Each fuzz target (crates/quarry-flight/tests/flight.rs, `mod fuzz`) runs 60 s in CI. The Python
+# Each fuzz target (crates/quarry-flight/tests/flight.rs, `mod fuzz`) runs 60 s in CI, and the
+# fault simulation (crates/quarry-flight/tests/fault_sim) 10,000 seeds (about 90 s). The Python
 # package (python/) is built and tested by pip in tests/python/test_python_package.py.
-QUARRY_FUZZ_SECONDS="${QUARRY_FUZZ_SECONDS:-60}" cargo test --profile ci --locked --workspace --exclude quarry-python
+QUARRY_FUZZ_SECONDS="${QUARRY_FUZZ_SECONDS:-60}" QUARRY_SIM_SEEDS="${QUARRY_SIM_SEEDS:-10000}" \
+    cargo test --profile ci --locked --workspace --exclude quarry-python
 
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 export QUARRY_BIN="${CARGO_TARGET_DIR:-$PWD/target}/ci/quarry"

@@ -678,7 +678,12 @@ impl ResponseChecker {
                 self.progress.report(self.planned_bytes);
                 Checked::Continue
             }
-            Some(Err(e)) => Checked::Item(Err(DataFusionError::Execution(format!("storage node {node}: {}", crate::session::user_message(&e))))),
+            Some(Err(e)) => {
+                // A node's own error already names it.
+                let message = crate::session::user_message(&e);
+                let named = message.starts_with(&format!("storage node {node}"));
+                Checked::Item(Err(DataFusionError::Execution(if named { message } else { format!("storage node {node}: {message}") })))
+            }
             // A stream that ends without its statistics was cut off: never pass a partial
             // result on as complete.
             None if !self.finished => Checked::Item(Err(DataFusionError::Execution(format!(

@@ -384,8 +384,27 @@ fn with_end_position(error: DataFusionError, sql: &str) -> DataFusionError {
 /// A one-line message for the user: the error's own words, without DataFusion's internal
 /// wrapping, with the position for syntax errors.
 pub fn user_message(error: &DataFusionError) -> String {
-    let message = quarry_storage::verified_store::damage_message(error).unwrap_or_else(|| raw_message(error));
+    let message = quarry_storage::verified_store::damage_message(error)
+        .or_else(|| storage_node_message(error))
+        .unwrap_or_else(|| raw_message(error));
     message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The words of a failed read from a storage node (passthrough, `stored_scan.rs`), which name
+/// the node, if that is what `error` carries under the Parquet reader's and object store's
+/// wrapping.
+fn storage_node_message(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(object_store::Error::Generic { store: crate::stored_scan::STORE_NAME, source }) = e.downcast_ref::<object_store::Error>() {
+            return Some(match source.downcast_ref::<DataFusionError>() {
+                Some(inner) => raw_message(inner),
+                None => source.to_string(),
+            });
+        }
+        current = e.source();
+    }
+    None
 }
 
 fn raw_message(error: &DataFusionError) -> String {

@@ -33,6 +33,10 @@ use object_store::{
 };
 use quarry_storage::{FragmentProgress, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode};
 
+/// The `store` a failed read from a node names in its `object_store::Error::Generic`, whose
+/// source is the node's error (`session::user_message` finds it there).
+pub const STORE_NAME: &str = "storage node";
+
 /// A host-side scan of `leaf`'s `segments` on `node`: their stored bytes fetched, decoded here.
 /// `predicate` (the filters above the scan, possibly dynamic) prunes row groups and pages by
 /// their statistics only: the filters themselves still run above. The stream ends, as a
@@ -132,12 +136,12 @@ impl SegmentStore {
         let mut pieces = Vec::new();
         for read in SegmentRead::split(&self.table, self.version, segment, ranges, SegmentRead::MAX_BYTES) {
             let bytes = read.len();
-            let parts = self.node.read_segment(read).await.map_err(|e| object_store::Error::Generic { store: "storage node", source: Box::new(e) })?;
+            let parts = self.node.read_segment(read).await.map_err(|e| object_store::Error::Generic { store: STORE_NAME, source: Box::new(e) })?;
             self.fetched.add(bytes as usize);
             self.progress.add(bytes);
             pieces.extend(parts);
         }
-        SegmentRead::join(ranges, pieces).map_err(|e| object_store::Error::Generic { store: "storage node", source: format!("segment '{segment}': {e}").into() })
+        SegmentRead::join(ranges, pieces).map_err(|e| object_store::Error::Generic { store: STORE_NAME, source: format!("segment '{segment}': {e}").into() })
     }
 }
 
@@ -171,7 +175,7 @@ impl ObjectStore for SegmentStore {
         let (segment, size) = self.segment(location)?.clone();
         let meta = ObjectMeta { location: location.clone(), last_modified: Default::default(), size, e_tag: None, version: None };
         let range = options.range.clone().unwrap_or(GetRange::Bounded(0..size)).as_range(size).map_err(|e| object_store::Error::Generic {
-            store: "storage node",
+            store: STORE_NAME,
             source: Box::new(e),
         })?;
         let body = if options.head || range.is_empty() { Bytes::new() } else { self.read(&segment, std::slice::from_ref(&range)).await?.remove(0) };

@@ -24,7 +24,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::auth::TokenAttach;
-use crate::wire::{CommitWrite, FragmentReport, PutSegment, TableInfoWire, action, encode_ticket};
+use crate::wire::{CommitWrite, FragmentReport, PutSegment, TableInfoWire, action, decode_sequence, decode_stored_chunk, encode_ticket};
 
 type Client = FlightServiceClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -82,18 +82,23 @@ impl RemoteStorageNode {
                 None => format!("cannot reach storage node {url}: {reason}"),
             }
         })?;
-        let client = FlightServiceClient::with_interceptor(channel, TokenAttach::new(token)?)
-            .max_decoding_message_size(256 << 20)
-            .max_encoding_message_size(256 << 20);
-        let node = RemoteStorageNode { url: url.to_string(), client: ClientHandle(client) };
-        // Fail now, with a clear message, if the node refuses us (e.g. a wrong token).
-        node.list_tables().await.map_err(|e| {
+        Self::over_channel(url, channel, token).await.map_err(|e| {
             // A plaintext call to a node serving TLS fails in HTTP/2 or below, never with a
             // node's answer: name the likely cause.
             let message = e.message();
             let transport = ["transport error", "h2 protocol error", "operation was canceled", "connection"].iter().any(|m| message.contains(m));
             if !tls && transport { format!("{message} (a node that serves TLS is named grpc+tls://{address})") } else { message.to_string() }
-        })?;
+        })
+    }
+
+    /// The node named `url` behind `channel`, an established connection (`connect` makes one
+    /// over TCP; the fault simulation's is in process), sending `token` with every call. Lists
+    /// the node's tables once, so that a node that refuses us fails here.
+    pub async fn over_channel(url: &str, channel: Channel, token: Option<&str>) -> Result<Self> {
+        let attach = TokenAttach::new(token).map_err(DataFusionError::Configuration)?;
+        let client = FlightServiceClient::with_interceptor(channel, attach).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20);
+        let node = RemoteStorageNode { url: url.to_string(), client: ClientHandle(client) };
+        node.list_tables().await?;
         Ok(node)
     }
 
@@ -161,10 +166,15 @@ impl StorageNode for RemoteStorageNode {
         let mut results = client.do_action(request).await.map_err(|s| self.error(s))?.into_inner();
         let mut received = bytes::BytesMut::with_capacity(read.len() as usize);
         while let Some(chunk) = results.message().await.map_err(|s| self.error(s))? {
-            if received.len() + chunk.body.len() > read.len() as usize {
+            let damaged = |what: String| DataFusionError::Execution(format!("storage node {}: the stored bytes of segment '{}' arrived damaged: {what}", self.url, read.segment));
+            let (offset, chunk) = decode_stored_chunk(chunk.body).ok_or_else(|| damaged("a chunk without its offset".into()))?;
+            if offset != received.len() as u64 {
+                return Err(damaged(format!("a chunk for offset {offset} came where offset {} was due", received.len())));
+            }
+            if received.len() + chunk.len() > read.len() as usize {
                 return Err(DataFusionError::Execution(format!("storage node {}: sent more than the {} bytes asked of segment '{}'", self.url, read.len(), read.segment)));
             }
-            received.extend_from_slice(&chunk.body);
+            received.extend_from_slice(&chunk);
         }
         if received.len() != read.len() as usize {
             return Err(DataFusionError::Execution(format!(
@@ -236,28 +246,46 @@ impl StorageNode for RemoteStorageNode {
         let slot = Arc::clone(&stats);
         let url = self.url.clone();
         let progress = fragment.progress;
-        let data = response.into_inner().map_err(FlightError::from).try_filter_map(move |message| {
-            let slot = Arc::clone(&slot);
-            let url = url.clone();
-            let progress = progress.clone();
-            async move {
-                if message.data_header.is_empty() && !message.app_metadata.is_empty() {
-                    match FragmentReport::decode(&message.app_metadata) {
-                        Ok(FragmentReport::Progress(bytes)) => progress.report(bytes),
-                        Ok(FragmentReport::Finished(stats)) => {
-                            progress.report(stats.bytes_read);
-                            *slot.lock().expect("stats lock") = Some(Ok(stats));
-                        }
-                        Err(e) => *slot.lock().expect("stats lock") = Some(Err(DataFusionError::Execution(format!("storage node {url}: {e}")))),
+        // Data messages must arrive numbered 0, 1, 2, ... and the closing statistics must count
+        // them all: a lost, repeated or reordered message is an error, never a changed result.
+        let mut data_messages = 0u64;
+        let data = response.into_inner().map_err(FlightError::from).and_then(move |message| {
+            let checked = if message.data_header.is_empty() && !message.app_metadata.is_empty() {
+                match FragmentReport::decode(&message.app_metadata) {
+                    Ok(FragmentReport::Progress(bytes)) => {
+                        progress.report(bytes);
+                        Ok(None)
                     }
-                    return Ok(None);
+                    Ok(FragmentReport::Finished { data_messages: sent, .. }) if sent != data_messages => {
+                        Err(FlightError::ProtocolError(format!("the fragment's stream was damaged: the node sent {sent} data messages, {data_messages} arrived before its statistics")))
+                    }
+                    Ok(FragmentReport::Finished { stats, .. }) => {
+                        progress.report(stats.bytes_read);
+                        *slot.lock().expect("stats lock") = Some(Ok(stats));
+                        Ok(None)
+                    }
+                    Err(e) => {
+                        *slot.lock().expect("stats lock") = Some(Err(DataFusionError::Execution(format!("storage node {url}: {e}"))));
+                        Ok(None)
+                    }
                 }
-                Ok(Some(message))
-            }
+            } else {
+                match decode_sequence(&message.app_metadata) {
+                    Some(sequence) if sequence == data_messages => {
+                        data_messages += 1;
+                        Ok(Some(message))
+                    }
+                    Some(sequence) => Err(FlightError::ProtocolError(format!("the fragment's stream was damaged: data message {sequence} came where {data_messages} was due"))),
+                    None => Err(FlightError::ProtocolError(format!("the fragment's stream was damaged: data message {data_messages} carries no sequence number"))),
+                }
+            };
+            futures::future::ready(checked)
         });
+        let data = data.try_filter_map(|message| futures::future::ready(Ok(message)));
         let batches = FlightRecordBatchStream::new_from_flight_data(data).map(move |item| match item {
             Ok(batch) => Ok(ScanMessage::Batch(batch)),
             Err(FlightError::Tonic(status)) => Err(node.error(*status)),
+            Err(FlightError::ProtocolError(message)) => Err(DataFusionError::Execution(format!("storage node {}: {message}", node.url))),
             Err(e) => Err(DataFusionError::Execution(format!("storage node {}: {e}", node.url))),
         });
         // After the last batch: the statistics, if the node sent them; otherwise nothing, and

@@ -1,8 +1,10 @@
 //! The storage node's Arrow Flight service (`quarry serve`).
 //!
-//! - `do_get`: the ticket is a [`quarry_storage::Fragment`]; the response is its batches, then
-//!   one message carrying only `app_metadata`: the fragment's [`ScanStats`] as JSON. A stream
-//!   without that closing message is incomplete, and the host treats it as an error.
+//! - `do_get`: the ticket is a [`quarry_storage::Fragment`]; the response is its batches, each
+//!   data message numbered in its `app_metadata` (0, 1, 2, ...), then one message carrying only
+//!   `app_metadata`: the fragment's [`ScanStats`] and the number of data messages, as JSON. A
+//!   stream without that closing message, or whose numbers skip, repeat or go back, is damaged,
+//!   and the host treats it as an error.
 //! - `do_action`: `list_tables`, `table_info`, `describe`, `scrub`, `read_segment` (stored bytes, for
 //!   passthrough), `graph`, and the write transaction `begin_write` / `commit_write` /
 //!   `abort_write`.
@@ -34,7 +36,9 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::TokenCheck;
-use crate::wire::{BeginWrite, CommitWrite, FragmentReport, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket};
+use crate::wire::{
+    BeginWrite, CommitWrite, FragmentReport, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket, encode_sequence, encode_stored_chunk,
+};
 
 /// The Flight service over a node: it decodes requests and calls the node's `StorageNode`.
 pub struct NodeService {
@@ -242,7 +246,8 @@ impl FlightService for NodeService {
                     }
                 }
             });
-        let sent: Arc<Mutex<(u64, u64)>> = Arc::default();
+        // Bytes encoded, nanoseconds waited for the link, data messages numbered.
+        let sent: Arc<Mutex<(u64, u64, u64)>> = Arc::default();
         let sent_slot = Arc::clone(&sent);
         let encoded = FlightDataEncoderBuilder::new()
             .with_options(options)
@@ -251,7 +256,7 @@ impl FlightService for NodeService {
                 FlightError::Tonic(status) => *status,
                 other => Status::internal(other.to_string()),
             })
-            .and_then(move |data| {
+            .and_then(move |mut data| {
                 let (link, sent) = (link.clone(), Arc::clone(&sent_slot));
                 async move {
                     let bytes = (data.data_header.len() + data.data_body.len()) as u64;
@@ -262,6 +267,8 @@ impl FlightService for NodeService {
                     let mut sent = sent.lock().expect("sent lock");
                     sent.0 += bytes;
                     sent.1 += waited;
+                    data.app_metadata = encode_sequence(sent.2);
+                    sent.2 += 1;
                     Ok(data)
                 }
             });
@@ -271,14 +278,14 @@ impl FlightService for NodeService {
             let stats = stats.lock().expect("stats lock").take();
             match stats {
                 Some(mut stats) => {
+                    let (bytes, waited, data_messages) = *sent.lock().expect("sent lock");
                     if codec != LinkCodec::None {
                         // What crossed the link is what was encoded, compressed.
-                        let (bytes, waited) = *sent.lock().expect("sent lock");
                         node.record_link_compression(stats.link_bytes, bytes);
                         stats.link_bytes = bytes;
                         stats.link_wait_ns += waited;
                     }
-                    Ok(report(FragmentReport::Finished(stats)))
+                    Ok(report(FragmentReport::Finished { stats, data_messages }))
                 }
                 None => Err(Status::internal("fragment ended without statistics")),
             }
@@ -319,10 +326,15 @@ impl FlightService for NodeService {
             action::READ_SEGMENT => {
                 let read: SegmentRead = parse(body, "read_segment")?;
                 let ranges = self.node.read_segment(read).await.map_err(status)?;
+                let mut offset = 0u64;
                 let chunks: Vec<arrow_flight::Result> = ranges
                     .iter()
-                    .flat_map(|bytes| (0..bytes.len()).step_by(STORED_BYTES_CHUNK).map(move |at| bytes.slice(at..(at + STORED_BYTES_CHUNK).min(bytes.len()))))
-                    .map(|body| arrow_flight::Result { body })
+                    .flat_map(|bytes| (0..bytes.len()).step_by(STORED_BYTES_CHUNK).map(move |at| &bytes[at..(at + STORED_BYTES_CHUNK).min(bytes.len())]))
+                    .map(|bytes| {
+                        let body = encode_stored_chunk(offset, bytes);
+                        offset += bytes.len() as u64;
+                        arrow_flight::Result { body }
+                    })
                     .collect();
                 return Ok(Response::new(futures::stream::iter(chunks.into_iter().map(Ok)).boxed()));
             }

@@ -32,7 +32,8 @@ pub mod action {
     /// Run a graph job on the node (`quarry_storage::graph_job`); returns its summary.
     pub const GRAPH: &str = "graph";
     /// Stored bytes of a segment (`quarry_storage::SegmentRead`, passthrough); the answer is
-    /// the ranges' bytes in order, in results of at most [`super::STORED_BYTES_CHUNK`] bytes.
+    /// the ranges' bytes in order, in results of at most [`super::STORED_BYTES_CHUNK`] bytes,
+    /// each with its offset in the answer ([`super::encode_stored_chunk`]).
     pub const READ_SEGMENT: &str = "read_segment";
     /// Verify tables' segments against their checksums (`quarry_table::ScrubReport`).
     pub const SCRUB: &str = "scrub";
@@ -69,8 +70,9 @@ pub fn decode_ticket(ticket: bytes::Bytes) -> std::result::Result<Fragment, Stri
 pub enum FragmentReport {
     /// Stored bytes read so far.
     Progress(u64),
-    /// The fragment's accounting; nothing follows.
-    Finished(ScanStats),
+    /// The fragment's accounting, and how many data messages (schema, dictionaries, batches)
+    /// the node sent before it; nothing follows.
+    Finished { stats: ScanStats, data_messages: u64 },
 }
 
 /// A progress report's metadata: `{"progress_bytes_read": N}`, which no statistics message has.
@@ -80,12 +82,20 @@ struct ProgressWire {
     progress_bytes_read: u64,
 }
 
+/// The closing report's metadata.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FinishedWire {
+    data_messages: u64,
+    stats: ScanStats,
+}
+
 impl FragmentReport {
     /// The message's `app_metadata`.
     pub fn encode(&self) -> bytes::Bytes {
         let json = match self {
             FragmentReport::Progress(bytes) => serde_json::to_vec(&ProgressWire { progress_bytes_read: *bytes }),
-            FragmentReport::Finished(stats) => serde_json::to_vec(stats),
+            FragmentReport::Finished { stats, data_messages } => serde_json::to_vec(&FinishedWire { data_messages: *data_messages, stats: stats.clone() }),
         };
         bytes::Bytes::from(json.expect("report serializes"))
     }
@@ -95,8 +105,37 @@ impl FragmentReport {
         if let Ok(progress) = serde_json::from_slice::<ProgressWire>(metadata) {
             return Ok(FragmentReport::Progress(progress.progress_bytes_read));
         }
-        serde_json::from_slice::<ScanStats>(metadata).map(FragmentReport::Finished).map_err(|e| format!("malformed statistics: {e}"))
+        serde_json::from_slice::<FinishedWire>(metadata)
+            .map(|f| FragmentReport::Finished { stats: f.stats, data_messages: f.data_messages })
+            .map_err(|e| format!("malformed statistics: {e}"))
     }
+}
+
+/// A `do_get` data message's `app_metadata`: its place among the response's data messages
+/// (0, 1, 2, ...), so that the host finds a message lost, repeated or out of order, which
+/// decoding alone may not (two batches swapped, or one repeated, still decode).
+pub fn encode_sequence(sequence: u64) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(&sequence.to_le_bytes())
+}
+
+/// The sequence number in a data message's `app_metadata`.
+pub fn decode_sequence(metadata: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(metadata.try_into().ok()?))
+}
+
+/// A result of `read_segment`: the offset of its bytes in the answer (u64, LE), then the bytes,
+/// so that the host places every chunk where it belongs or finds it misplaced.
+pub fn encode_stored_chunk(offset: u64, bytes: &[u8]) -> bytes::Bytes {
+    let mut chunk = Vec::with_capacity(8 + bytes.len());
+    chunk.extend_from_slice(&offset.to_le_bytes());
+    chunk.extend_from_slice(bytes);
+    chunk.into()
+}
+
+/// A `read_segment` result's offset and bytes.
+pub fn decode_stored_chunk(chunk: bytes::Bytes) -> Option<(u64, bytes::Bytes)> {
+    let offset = u64::from_le_bytes(chunk.get(..8)?.try_into().ok()?);
+    Some((offset, chunk.slice(8..)))
 }
 
 /// The most bytes one result of `read_segment` carries (well under gRPC's 4 MiB default

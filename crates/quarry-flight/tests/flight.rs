@@ -21,6 +21,8 @@ use quarry_flight::{RemoteStorageNode, ServeOptions, serve};
 use quarry_storage::{Fragment, LinkCodec, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, encode_fragment};
 use quarry_table::{SegmentOptions, Warehouse, WriteMode};
 
+mod fault_sim;
+
 const TOKEN: &str = "test-token";
 
 fn schema() -> SchemaRef {

@@ -342,6 +342,12 @@ impl LocalStorageNode {
         self.store.record_trace(path)
     }
 
+    /// Fails, from now on, the reads of segment files that `faults` picks, with an I/O error
+    /// (the fault simulation's failing disk, crates/quarry-flight/tests/fault_sim).
+    pub fn inject_read_faults(&self, faults: crate::profile::ReadFaults) -> std::result::Result<(), String> {
+        self.store.inject_read_faults(faults)
+    }
+
     /// The warehouse served.
     pub fn warehouse(&self) -> &Warehouse {
         &self.warehouse

@@ -327,7 +327,20 @@ pub struct ThrottledStore {
     limiter: Option<Arc<BandwidthLimiter>>,
     bytes_read: AtomicU64,
     trace: std::sync::OnceLock<IoTrace>,
+    faults: std::sync::OnceLock<InjectedFaults>,
 }
+
+struct InjectedFaults(ReadFaults);
+
+impl fmt::Debug for InjectedFaults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("InjectedFaults")
+    }
+}
+
+/// Which reads fail with an I/O error (given the file and the byte range read): the fault
+/// simulation's failing disk (`LocalStorageNode::inject_read_faults`).
+pub type ReadFaults = Arc<dyn Fn(&Path, &Range<u64>) -> bool + Send + Sync>;
 
 /// A record of every read, one line each: `SECONDS R FILE OFFSET BYTES` (the trace format of
 /// EMOS, `quarry model emos`).
@@ -351,7 +364,23 @@ impl IoTrace {
 impl ThrottledStore {
     /// Reads `inner`'s files; `limiter` bounds its read bandwidth.
     pub fn new(inner: Arc<LocalFileSystem>, limiter: Option<Arc<BandwidthLimiter>>) -> Self {
-        ThrottledStore { inner, limiter, bytes_read: AtomicU64::new(0), trace: std::sync::OnceLock::new() }
+        ThrottledStore { inner, limiter, bytes_read: AtomicU64::new(0), trace: std::sync::OnceLock::new(), faults: std::sync::OnceLock::new() }
+    }
+
+    /// Fails, from now on, the reads `faults` picks.
+    pub fn inject_read_faults(&self, faults: ReadFaults) -> std::result::Result<(), String> {
+        self.faults.set(InjectedFaults(faults)).map_err(|_| "read faults are already injected".to_string())
+    }
+
+    /// An I/O error for a read of `ranges` of `location` that the injected faults pick.
+    fn injected_fault(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<()> {
+        match self.faults.get() {
+            Some(InjectedFaults(fails)) if ranges.iter().any(|r| fails(location, r)) => Err(object_store::Error::Generic {
+                store: "local",
+                source: Box::new(std::io::Error::other(format!("injected I/O error reading /{location}"))),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Records every read from now on into a new file at `path`.
@@ -394,6 +423,7 @@ impl ObjectStore for ThrottledStore {
         let head = options.head;
         let result = crate::local_files::get_opts(&self.inner, location, options).await?;
         if !head {
+            self.injected_fault(location, std::slice::from_ref(&result.range))?;
             if let Some(trace) = self.trace.get() {
                 trace.record(location, &result.range);
             }
@@ -404,6 +434,7 @@ impl ObjectStore for ThrottledStore {
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
         let result = crate::local_files::get_ranges(&self.inner, location, ranges).await?;
+        self.injected_fault(location, ranges)?;
         if let Some(trace) = self.trace.get() {
             ranges.iter().for_each(|range| trace.record(location, range));
         }
