@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, plan_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
@@ -94,6 +95,9 @@ pub struct LocalStorageNode {
     /// Segments that passthrough reads found in their version's manifest: their file and size
     /// (segments never change once committed, so a read need not parse the manifest again).
     stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
+    /// Committed table versions that fragments named, parsed once (a version never changes
+    /// once committed; a manifest of a large table is a megabyte of JSON).
+    snapshots: std::sync::Mutex<HashMap<(String, u64), Arc<TableSnapshot>>>,
     /// Write transactions hosts began, by id.
     writes: std::sync::Mutex<HashMap<String, PendingWrite>>,
     next_write: AtomicU64,
@@ -161,6 +165,9 @@ async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Ar
     });
     scrub.await.map_err(|e| DataFusionError::Execution(format!("scrub failed: {e}")))?
 }
+
+/// Table versions remembered for fragments before the memo starts over.
+const SNAPSHOTS_REMEMBERED: usize = 256;
 
 /// Segments remembered for passthrough reads before the memo starts over.
 const STORED_SEGMENTS_REMEMBERED: usize = 100_000;
@@ -238,6 +245,7 @@ impl LocalStorageNode {
             admission: MemoryAdmission::new(memory),
             counters: Arc::new(NodeCounters::default()),
             stored_segments: Default::default(),
+            snapshots: Default::default(),
             writes: Default::default(),
             next_write: AtomicU64::new(0),
             write_lease: DEFAULT_WRITE_LEASE,
@@ -506,10 +514,45 @@ impl LocalStorageNode {
         self.parquet_scan(snapshot, &kept, &table_schema, leaf.leaf()).await
     }
 
+    /// The memory a fragment's scans hold at once: for each leaf, its largest row group of the
+    /// columns it reads, decompressed (the manifest's uncompressed bytes per row group), twice
+    /// (the pages, and the arrays decoded from them), once for each partition reading at once.
+    /// Scans decode outside the memory pool, so admission is where they are bounded (the soak's
+    /// 512 MB node reached 702 MiB when only the host's estimate counted).
+    fn scan_demand(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<u64> {
+        let mut demand = 0u64;
+        plan.apply(|node| {
+            if let Some(leaf) = node.downcast_ref::<ScanLeafExec>() {
+                let request = leaf.leaf();
+                let snapshot = self.leaf_snapshot(leaf)?;
+                let segments: Vec<&SegmentMeta> = snapshot.manifest.segments.iter().filter(|s| request.segments.contains(&s.id)).collect();
+                let row_group = |s: &SegmentMeta| {
+                    let bytes: u64 = s.columns.iter().filter(|c| request.projection.contains(&c.name)).map(|c| c.uncompressed_bytes).sum();
+                    bytes / u64::from(s.row_groups.max(1))
+                };
+                let largest = segments.iter().map(|s| row_group(s)).max().unwrap_or(0);
+                let readers = (segments.len() as u64).min(self.profile.threads() as u64);
+                demand = demand.saturating_add(2 * largest * readers);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(demand)
+    }
+
     /// The table version a leaf names.
-    fn leaf_snapshot(&self, leaf: &ScanLeafExec) -> Result<TableSnapshot> {
+    fn leaf_snapshot(&self, leaf: &ScanLeafExec) -> Result<Arc<TableSnapshot>> {
         let request = leaf.leaf();
-        self.warehouse.table_version(&request.table, request.version).map_err(table_error)
+        let key = (request.table.clone(), request.version);
+        if let Some(snapshot) = self.snapshots.lock().expect("snapshots lock").get(&key) {
+            return Ok(Arc::clone(snapshot));
+        }
+        let snapshot = Arc::new(self.warehouse.table_version(&request.table, request.version).map_err(table_error)?);
+        let mut snapshots = self.snapshots.lock().expect("snapshots lock");
+        if snapshots.len() >= SNAPSHOTS_REMEMBERED {
+            snapshots.clear();
+        }
+        snapshots.insert(key, Arc::clone(&snapshot));
+        Ok(snapshot)
     }
 
     /// A filter directly over a leaf of a table with PLAIN pages, as a [`PlainSelectExec`]
@@ -795,18 +838,25 @@ impl StorageNode for LocalStorageNode {
         let counters = Arc::clone(&self.counters);
         counters.fragments_queued.fetch_add(1, Ordering::Relaxed);
         let admitted = Arc::clone(&self.sessions).acquire_owned().await;
-        // A session slot, then room for the fragment's weighted memory demand (the host's
-        // estimate, at most the device's memory).
-        let memory = self.admission.admit(fragment.demand.min(self.profile.memory()), ADMISSION_PATIENCE).await;
+        let ctx = self.state.task_ctx();
+        let (fragment_codec, progress) = (fragment.link_codec, fragment.progress.clone());
+        let decoded = decode_fragment(&fragment, &ctx, self.resolver()).and_then(|plan| Ok((self.scan_demand(&plan)?, plan)));
+        let (scan_demand, decoded) = match decoded {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                counters.fragments_queued.fetch_sub(1, Ordering::Relaxed);
+                counters.fragments_rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        // A session slot, then room for the fragment's weighted memory demand: the host's
+        // estimate of its operators, and its scans' working set, which only the node knows.
+        let demand = fragment.demand.saturating_add(scan_demand).min(self.profile.memory());
+        let memory = self.admission.admit(demand, ADMISSION_PATIENCE).await;
         counters.fragments_queued.fetch_sub(1, Ordering::Relaxed);
         let session = admitted.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         let queued_ns = started.elapsed().as_nanos() as u64;
 
-        let ctx = self.state.task_ctx();
-        let (fragment_codec, progress) = (fragment.link_codec, fragment.progress.clone());
-        let decoded = decode_fragment(&fragment, &ctx, self.resolver()).inspect_err(|_| {
-            counters.fragments_rejected.fetch_add(1, Ordering::Relaxed);
-        })?;
         let passthrough = decoded.is::<ScanLeafExec>();
         let mut stats = ScanStats { queued_ns, ..Default::default() };
         let bound = self.bind(decoded, &mut stats).await?;
