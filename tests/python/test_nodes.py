@@ -202,8 +202,6 @@ def test_fragments_wait_until_their_memory_demand_fits(tpch_warehouse, tmp_path)
     (EXPLAIN shows it); on a node whose device memory holds one such fragment at a time, the
     others wait for it (the node's queued time grows) and every answer is still right. A slow
     link makes each fragment last about a second."""
-    import threading
-
     sql = "SELECT l_orderkey, sum(l_quantity) AS qty FROM lineitem GROUP BY l_orderkey ORDER BY l_orderkey LIMIT 20"
     duck_con = q.duckdb_connect(tpch_warehouse, threads=2)
     duck = q.duckdb_result(duck_con, sql)
@@ -213,30 +211,60 @@ def test_fragments_wait_until_their_memory_demand_fits(tpch_warehouse, tmp_path)
         demands = [float(part.split(" MB")[0]) for part in explain.split("memory demand=")[1:]]
         assert demands and max(demands) >= 1.0, explain
         outputs, failures = [], []
-
-        def client(i: int) -> None:
-            out = tmp_path / f"agg-{i}.parquet"
-            proc = _sql(node.arg, sql, "--pushdown", "on", "--format", "parquet", "--output", out, check=False)
-            (outputs if proc.returncode == 0 else failures).append(out if proc.returncode == 0 else proc.stderr)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        proc = node.procs[0]
-        address = None
-        while address is None:
-            line = proc.stderr.readline()
-            if "metrics on " in line:
-                address = line.split("metrics on ", 1)[1].strip()
-        text = urllib.request.urlopen(address, timeout=5).read().decode()
+        values, text = _concurrent_clients_then_metrics(node, sql, tmp_path, outputs, failures)
     assert not failures, failures
     for out in outputs:
         cmp = q.compare_query_results(sql, q.read_parquet_result(out), duck)
         assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
-    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
     # Measured: 0.69 s; admitted at once (no demand), 0.002 s (64 session slots).
+    assert values["quarry_node_queued_seconds_total"] > 0.2, text
+
+
+def _concurrent_clients_then_metrics(node, sql, tmp_path, outputs, failures, clients=3):
+    """Runs `sql` pushed down from `clients` concurrent clients (results into `outputs`, errors
+    into `failures`), then reads the node's Prometheus metrics: their values by name, and the text."""
+    import threading
+
+    def client(i: int) -> None:
+        out = tmp_path / f"client-{i}.parquet"
+        proc = _sql(node.arg, sql, "--pushdown", "on", "--format", "parquet", "--output", out, check=False)
+        (outputs if proc.returncode == 0 else failures).append(out if proc.returncode == 0 else proc.stderr)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    address = None
+    while address is None:
+        line = node.procs[0].stderr.readline()
+        if "metrics on " in line:
+            address = line.split("metrics on ", 1)[1].strip()
+    text = urllib.request.urlopen(address, timeout=5).read().decode()
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    return values, text
+
+
+def test_fragments_wait_until_their_scans_fit(tpch_warehouse, tmp_path):
+    """A pushed-down filter holds little operator memory (the host's estimate lets all three
+    clients' fragments in at once) but its scan decodes row groups outside the memory pool: the
+    node adds their size (the manifest's, as decompressed: about 4 MB at SF 0.05) to the
+    fragment's demand, so on a 3 MB node the clients' fragments wait for each other, and every
+    answer is still right."""
+    sql = "SELECT l_orderkey, l_partkey FROM lineitem WHERE l_quantity < 10"
+    duck_con = q.duckdb_connect(tpch_warehouse, threads=2)
+    duck = q.duckdb_result(duck_con, sql)
+    duck_con.close()
+    with q.StorageNodes([tpch_warehouse], ["--device-memory", "3MB", "--link-mbps", "1", "--metrics-listen", "127.0.0.1:0"]) as node:
+        explain = _sql(node.arg, "EXPLAIN " + sql, "--pushdown", "on").stdout
+        demands = [float(part.split(" MB")[0]) for part in explain.split("memory demand=")[1:]]
+        assert "FilterExec on storage" in explain and 3 * sum(demands) < 3.0, explain
+        outputs, failures = [], []
+        values, text = _concurrent_clients_then_metrics(node, sql, tmp_path, outputs, failures)
+    assert not failures, failures
+    for out in outputs:
+        cmp = q.compare_query_results(sql, q.read_parquet_result(out), duck)
+        assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
     assert values["quarry_node_queued_seconds_total"] > 0.2, text
 
 
