@@ -203,46 +203,53 @@ def test_fragments_wait_until_their_memory_demand_fits(tpch_warehouse, tmp_path)
     others wait for it (the node's queued time grows) and every answer is still right. A slow
     link makes each fragment last about a second."""
     sql = "SELECT l_orderkey, sum(l_quantity) AS qty FROM lineitem GROUP BY l_orderkey ORDER BY l_orderkey LIMIT 20"
-    duck_con = q.duckdb_connect(tpch_warehouse, threads=2)
-    duck = q.duckdb_result(duck_con, sql)
-    duck_con.close()
-    with q.StorageNodes([tpch_warehouse], ["--device-memory", "1MB", "--link-mbps", "1", "--metrics-listen", "127.0.0.1:0"]) as node:
-        explain = _sql(node.arg, "EXPLAIN " + sql, "--pushdown", "on").stdout
-        demands = [float(part.split(" MB")[0]) for part in explain.split("memory demand=")[1:]]
-        assert demands and max(demands) >= 1.0, explain
-        outputs, failures = [], []
-        values, text = _concurrent_clients_then_metrics(node, sql, tmp_path, outputs, failures)
-    assert not failures, failures
-    for out in outputs:
-        cmp = q.compare_query_results(sql, q.read_parquet_result(out), duck)
-        assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
+    explain, values, text = _concurrent_clients_on_a_small_node(tpch_warehouse, tmp_path, sql, "1MB")
+    demands = _memory_demands(explain)
+    assert demands and max(demands) >= 1.0, explain
     # Measured: 0.69 s; admitted at once (no demand), 0.002 s (64 session slots).
     assert values["quarry_node_queued_seconds_total"] > 0.2, text
 
 
-def _concurrent_clients_then_metrics(node, sql, tmp_path, outputs, failures, clients=3):
-    """Runs `sql` pushed down from `clients` concurrent clients (results into `outputs`, errors
-    into `failures`), then reads the node's Prometheus metrics: their values by name, and the text."""
+def _concurrent_clients_on_a_small_node(tpch_warehouse, tmp_path, sql, device_memory, clients=3):
+    """Runs `sql` pushed down from `clients` concurrent clients on one node of `device_memory`
+    behind a 1 MB/s link, checks every answer against DuckDB's, then reads the node's Prometheus
+    metrics: the query's EXPLAIN, the metrics' values by name, and their text."""
     import threading
+
+    duck_con = q.duckdb_connect(tpch_warehouse, threads=2)
+    duck = q.duckdb_result(duck_con, sql)
+    duck_con.close()
+    outputs, failures = [], []
 
     def client(i: int) -> None:
         out = tmp_path / f"client-{i}.parquet"
         proc = _sql(node.arg, sql, "--pushdown", "on", "--format", "parquet", "--output", out, check=False)
         (outputs if proc.returncode == 0 else failures).append(out if proc.returncode == 0 else proc.stderr)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    address = None
-    while address is None:
-        line = node.procs[0].stderr.readline()
-        if "metrics on " in line:
-            address = line.split("metrics on ", 1)[1].strip()
-    text = urllib.request.urlopen(address, timeout=5).read().decode()
+    with q.StorageNodes([tpch_warehouse], ["--device-memory", device_memory, "--link-mbps", "1", "--metrics-listen", "127.0.0.1:0"]) as node:
+        explain = _sql(node.arg, "EXPLAIN " + sql, "--pushdown", "on").stdout
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        address = None
+        while address is None:
+            line = node.procs[0].stderr.readline()
+            if "metrics on " in line:
+                address = line.split("metrics on ", 1)[1].strip()
+        text = urllib.request.urlopen(address, timeout=5).read().decode()
+    assert not failures, failures
+    for out in outputs:
+        cmp = q.compare_query_results(sql, q.read_parquet_result(out), duck)
+        assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
     values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
-    return values, text
+    return explain, values, text
+
+
+def _memory_demands(explain):
+    """Each fragment's memory demand in an EXPLAIN, MB."""
+    return [float(part.split(" MB")[0]) for part in explain.split("memory demand=")[1:]]
 
 
 def test_fragments_wait_until_their_scans_fit(tpch_warehouse, tmp_path):
@@ -252,19 +259,8 @@ def test_fragments_wait_until_their_scans_fit(tpch_warehouse, tmp_path):
     fragment's demand, so on a 3 MB node the clients' fragments wait for each other, and every
     answer is still right."""
     sql = "SELECT l_orderkey, l_partkey FROM lineitem WHERE l_quantity < 10"
-    duck_con = q.duckdb_connect(tpch_warehouse, threads=2)
-    duck = q.duckdb_result(duck_con, sql)
-    duck_con.close()
-    with q.StorageNodes([tpch_warehouse], ["--device-memory", "3MB", "--link-mbps", "1", "--metrics-listen", "127.0.0.1:0"]) as node:
-        explain = _sql(node.arg, "EXPLAIN " + sql, "--pushdown", "on").stdout
-        demands = [float(part.split(" MB")[0]) for part in explain.split("memory demand=")[1:]]
-        assert "FilterExec on storage" in explain and 3 * sum(demands) < 3.0, explain
-        outputs, failures = [], []
-        values, text = _concurrent_clients_then_metrics(node, sql, tmp_path, outputs, failures)
-    assert not failures, failures
-    for out in outputs:
-        cmp = q.compare_query_results(sql, q.read_parquet_result(out), duck)
-        assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
+    explain, values, text = _concurrent_clients_on_a_small_node(tpch_warehouse, tmp_path, sql, "3MB")
+    assert "FilterExec on storage" in explain and 3 * sum(_memory_demands(explain)) < 3.0, explain
     assert values["quarry_node_queued_seconds_total"] > 0.2, text
 
 
