@@ -3,10 +3,9 @@
 //! With the system allocator, a scan's large short-lived buffers were mapped and zeroed by the
 //! kernel anew each time: a third of a scan's time went to page faults and clearing (perf, SSB
 //! SF 10). mimalloc keeps freed memory for reuse, by default for a second. Commands bound to a
-//! memory budget (graph analytics, and a storage node given `--device-memory`) instead return
-//! freed memory at once, so the process's resident size follows the budget
-//! (tests/python/test_graph.py pins it); SQL keeps the default, which returning at once slowed
-//! by 20-40% (SSB q1.1 565 -> 791 ms).
+//! memory budget (graph analytics) instead return freed memory at once, so the process's
+//! resident size follows the budget (tests/python/test_graph.py pins it); SQL keeps the default,
+//! which returning at once slowed by 20-40% (SSB q1.1 565 -> 791 ms).
 //!
 //! Transparent huge pages are off for the whole process. mimalloc asks for them on its arenas;
 //! a huge-page fault zeroes 2 MB (and, with the kernel's default `defrag=madvise`, may compact

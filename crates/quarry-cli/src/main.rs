@@ -14,9 +14,7 @@ fn main() -> ExitCode {
     }));
     allocator::disable_transparent_huge_pages();
     let cli = Cli::parse();
-    // Commands bound to a memory size: graph jobs, and a storage node given its device's
-    // memory (the soak's 512 MB node held freed memory it was no longer using).
-    if matches!(&cli.command, Command::Graph(_)) || matches!(&cli.command, Command::Serve(args) if args.bounds_memory()) {
+    if matches!(cli.command, Command::Graph(_)) {
         allocator::return_freed_memory_at_once();
     }
     quarry_cli::run(cli)

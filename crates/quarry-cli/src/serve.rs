@@ -60,14 +60,6 @@ pub struct ServeArgs {
     scrub_pause: f64,
 }
 
-impl ServeArgs {
-    /// Whether the node is given a memory size of its own (`--device-memory`), which its
-    /// resident memory must then follow.
-    pub fn bounds_memory(&self) -> bool {
-        self.device_memory.is_some()
-    }
-}
-
 pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
     let mut profile = match &target.profile {
         Some(name) => DeviceProfile::load(name)?,
