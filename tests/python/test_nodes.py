@@ -233,17 +233,11 @@ def _concurrent_clients_on_a_small_node(tpch_warehouse, tmp_path, sql, device_me
             thread.start()
         for thread in threads:
             thread.join()
-        address = None
-        while address is None:
-            line = node.procs[0].stderr.readline()
-            if "metrics on " in line:
-                address = line.split("metrics on ", 1)[1].strip()
-        text = urllib.request.urlopen(address, timeout=5).read().decode()
+        values, text = _node_metrics(node)
     assert not failures, failures
     for out in outputs:
         cmp = q.compare_query_results(sql, q.read_parquet_result(out), duck)
         assert cmp, f"Quarry and DuckDB disagree\n{cmp}"
-    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
     return explain, values, text
 
 
