@@ -261,7 +261,7 @@ impl StorageNode for RemoteStorageNode {
         // Data messages must arrive numbered 0, 1, 2, ... and the closing statistics must count
         // them all: a lost, repeated or reordered message is an error, never a changed result.
         let mut data_messages = 0u64;
-        let data = response.into_inner().map_err(FlightError::from).and_then(move |message| {
+        let data = response.into_inner().map_err(FlightError::from).try_filter_map(move |message| {
             let checked = if message.data_header.is_empty() && !message.app_metadata.is_empty() {
                 match FragmentReport::decode(&message.app_metadata) {
                     Ok(FragmentReport::Progress(bytes)) => {
@@ -293,7 +293,6 @@ impl StorageNode for RemoteStorageNode {
             };
             futures::future::ready(checked)
         });
-        let data = data.try_filter_map(|message| futures::future::ready(Ok(message)));
         let batches = FlightRecordBatchStream::new_from_flight_data(data).map(move |item| match item {
             Ok(batch) => Ok(ScanMessage::Batch(batch)),
             Err(FlightError::Tonic(status)) => Err(node.error(*status)),
