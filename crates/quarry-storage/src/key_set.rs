@@ -161,24 +161,25 @@ pub struct Bitmap {
 impl Bitmap {
     /// The bitmap of sorted `keys` spanning at most [`MAX_RANGE`] values.
     pub fn of(keys: &[i64]) -> Bitmap {
-        Self::within(keys, keys.first().copied(), keys.last().copied())
+        Self::within(keys.iter().copied(), keys.first().copied(), keys.last().copied())
     }
 
-    /// The bitmap of `keys` in any order, repeats allowed; `None` if they span more than
-    /// [`MAX_RANGE`] values.
-    pub fn of_unsorted(keys: &[i64]) -> Option<Bitmap> {
-        let (min, max) = (keys.iter().min().copied(), keys.iter().max().copied());
+    /// The bitmap of the keys of `chunks`, each in any order, repeats allowed; `None` if they
+    /// span more than [`MAX_RANGE`] values.
+    pub fn of_unsorted(chunks: &[impl AsRef<[i64]>]) -> Option<Bitmap> {
+        let keys = || chunks.iter().flat_map(|c| c.as_ref().iter().copied());
+        let (min, max) = (keys().min(), keys().max());
         let span = min.zip(max).map_or(0, |(min, max)| max.abs_diff(min));
-        (span < MAX_RANGE).then(|| Self::within(keys, min, max))
+        (span < MAX_RANGE).then(|| Self::within(keys(), min, max))
     }
 
-    /// The bitmap of `keys`, which lie in `[min, max]`.
-    fn within(keys: &[i64], min: Option<i64>, max: Option<i64>) -> Bitmap {
+    /// The bitmap of `keys`, which lie in `[min, max]` (both `None` when there are none).
+    fn within(keys: impl Iterator<Item = i64>, min: Option<i64>, max: Option<i64>) -> Bitmap {
+        let span = min.zip(max).map(|(min, max)| max.abs_diff(min));
+        debug_assert!(span.is_none_or(|span| span < MAX_RANGE), "a key set spans at most MAX_RANGE values");
         let min = min.unwrap_or(0);
-        let span = max.map_or(0, |max| max.abs_diff(min));
-        debug_assert!(span < MAX_RANGE, "a key set spans at most MAX_RANGE values");
-        let mut words = vec![0u64; keys.len().min(1) * ((span >> 6) as usize + 1)];
-        for &key in keys {
+        let mut words = vec![0u64; span.map_or(0, |span| (span >> 6) as usize + 1)];
+        for key in keys {
             let offset = key.abs_diff(min);
             words[(offset >> 6) as usize] |= 1 << (offset & 63);
         }
