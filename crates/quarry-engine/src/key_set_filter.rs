@@ -26,6 +26,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReser
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -154,7 +155,9 @@ fn attach(plan: &Arc<dyn ExecutionPlan>, column: usize, slot: &Arc<KeySetSlot>) 
             None => None,
         });
     }
-    let passes_rows = plan.is::<RepartitionExec>() || plan.is::<CoalescePartitionsExec>();
+    // A star join's dimensions arrive planned whole, their scans already under the
+    // `CooperativeExec`s DataFusion adds last (TPC-H Q10's orders' keys never reached customer).
+    let passes_rows = plan.is::<RepartitionExec>() || plan.is::<CoalescePartitionsExec>() || plan.is::<CooperativeExec>();
     match plan.children().as_slice() {
         [input] if passes_rows => below(input, column),
         _ => Ok(None),
