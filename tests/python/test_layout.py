@@ -50,7 +50,7 @@ def test_plan_reads_the_workload_and_trades_bytes_for_decode_time(ssb_warehouse,
     for plan in (slow_read, slow_cpu):
         # Never worse than the table's own layout, which is among the candidates.
         assert plan["plan_seconds"] <= plan["default_seconds"] * (1 + 1e-9), plan["plan_seconds"]
-        assert plan["default_layout"] == "RLE_DICTIONARY SNAPPY"
+        assert plan["default_layout"] == "compact"
         for column in plan["columns"]:
             assert {(c["encoding"], c["codec"]) for c in column["candidates"]} >= {("PLAIN", "UNCOMPRESSED"), ("RLE_DICTIONARY", "SNAPPY")}, column["name"]
     read = {c["name"] for c in slow_read["columns"] if any(c["name"] in cols for cols in queries.values())}

@@ -16,7 +16,7 @@ use crate::target::Target;
 pub struct GenArgs {
     #[command(subcommand)]
     dataset: Dataset,
-    /// How data pages are encoded: compact (dictionary + Snappy), dictionary (dictionary, no
+    /// How data pages are encoded: compact (dictionary; Snappy on text columns), dictionary (dictionary, no
     /// further compression) or plain (PLAIN, uncompressed: the Smart SSD paper's uncompressed
     /// pages, which selective scans skip through cheaply).
     #[arg(long, global = true, default_value = "compact")]

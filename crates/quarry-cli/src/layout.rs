@@ -191,7 +191,7 @@ struct Plan {
     compute_slowdown: f64,
     rows: u64,
     sample_rows: usize,
-    /// The table's current layout.
+    /// The table's page encoding, which gives each column its current layout.
     default_layout: String,
     columns: Vec<PlannedColumn>,
     queries: Vec<PlannedQuery>,
@@ -294,15 +294,12 @@ fn plan(target: &Target, args: PlanArgs) -> CliResult {
         bytes: m.bytes_per_row * rows as f64,
         decode_s: m.decode_ns_per_row * rows as f64 * 1e-9 * slowdown / threads as f64,
     };
-    let default_layout = match table.manifest.page_encoding {
-        PageEncoding::Compact => ("RLE_DICTIONARY", "SNAPPY"),
-        PageEncoding::Dictionary => ("RLE_DICTIONARY", "UNCOMPRESSED"),
-        PageEncoding::Plain => ("PLAIN", "UNCOMPRESSED"),
-    };
+    let page_encoding = table.manifest.page_encoding;
     let mut candidates = Vec::with_capacity(columns.len());
     let mut defaults = Vec::with_capacity(columns.len());
     for (i, name) in columns.iter().enumerate() {
         let measured: Vec<ColumnLayout> = measure_column(&sample, i).iter().map(scale).collect();
+        let default_layout = page_encoding.layout_of(sample[0].schema().field(i).data_type());
         let default = measured
             .iter()
             .position(|c| (c.encoding.as_str(), c.codec.as_str()) == default_layout)
@@ -341,7 +338,7 @@ fn plan(target: &Target, args: PlanArgs) -> CliResult {
         compute_slowdown: slowdown,
         rows,
         sample_rows: sampled,
-        default_layout: format!("{} {}", default_layout.0, default_layout.1),
+        default_layout: page_encoding.name().to_string(),
         columns: columns
             .iter()
             .enumerate()

@@ -43,7 +43,7 @@ pub struct LoadArgs {
     /// Columns to give Parquet Bloom filters (comma-separated).
     #[arg(long, value_delimiter = ',')]
     bloom_filter: Vec<String>,
-    /// How data pages are encoded: compact (dictionary + Snappy), dictionary (dictionary, no
+    /// How data pages are encoded: compact (dictionary; Snappy on text columns), dictionary (dictionary, no
     /// further compression) or plain (PLAIN, uncompressed).
     /// An append keeps the table's encoding.
     #[arg(long, default_value = "compact")]
