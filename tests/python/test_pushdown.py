@@ -338,7 +338,7 @@ def test_large_join_key_set_travels_to_the_node(one_node, tmp_path):
     assert shipped["off"][0] == shipped["off"][1], shipped
 
 
-def _embedded_lineitem_rows(warehouse, sql, tmp_path, *args, table="lineitem"):
+def _embedded_scan_rows(warehouse, sql, tmp_path, *args, table="lineitem"):
     """Runs `sql` embedded (with `args`), checks it against DuckDB, and returns the rows the
     `table` (`lineitem`) fragment scanned and passed on."""
     stats = tmp_path / "stats.json"
@@ -363,9 +363,9 @@ def test_large_join_key_set_filters_on_the_host_when_embedded(tpch_warehouse, tm
     on only the lines of those orders; with --pushdown off (no join filters) every line."""
     plan = q.run_quarry(["sql", f"EXPLAIN {LARGE_KEY_SET_SQL}", "--format", "csv"], tpch_warehouse).stdout
     assert "KeySetCollectExec" in plan and "key sets=1" in plan, plan
-    scanned, sent = _embedded_lineitem_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path)
+    scanned, sent = _embedded_scan_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path)
     assert 0 < sent and sent * 2 < scanned, (scanned, sent)
-    scanned, sent = _embedded_lineitem_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path, "--pushdown", "off")
+    scanned, sent = _embedded_scan_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path, "--pushdown", "off")
     assert sent == scanned, (scanned, sent)
 
 
@@ -384,7 +384,7 @@ def test_key_sets_pass_through_the_probe_side_of_a_join(tpch_warehouse, tmp_path
     plan = q.run_quarry(["--threads", "2", "sql", f"EXPLAIN {STACKED_KEY_SETS_SQL}", "--star-join", "off", "--format", "csv"], tpch_warehouse).stdout
     lineitem = [line for line in plan.splitlines() if "FragmentExec" in line and "table=lineitem" in line]
     assert len(lineitem) == 1 and "key sets=2" in lineitem[0], plan
-    scanned, sent = _embedded_lineitem_rows(tpch_warehouse, STACKED_KEY_SETS_SQL, tmp_path, "--threads", "2", "--star-join", "off")
+    scanned, sent = _embedded_scan_rows(tpch_warehouse, STACKED_KEY_SETS_SQL, tmp_path, "--threads", "2", "--star-join", "off")
     assert 0 < sent and sent * 5 < scanned, (scanned, sent)
 
 
@@ -402,7 +402,7 @@ def test_key_sets_reach_the_scans_of_a_star_dimension(test_sf, tmp_path):
     assert "StarAggregateExec" in plan, plan
     customer = [line for line in plan.splitlines() if "FragmentExec" in line and "table=customer" in line]
     assert customer and all("segments=1," not in line and "key sets=" in line for line in customer), plan
-    scanned, sent = _embedded_lineitem_rows(warehouse, sql, tmp_path, table="customer")
+    scanned, sent = _embedded_scan_rows(warehouse, sql, tmp_path, table="customer")
     assert 0 < sent and sent * 2 < scanned, (scanned, sent)
 
 

@@ -168,7 +168,7 @@ impl Bitmap {
     /// span more than [`MAX_RANGE`] values.
     pub fn of_unsorted(chunks: &[impl AsRef<[i64]>]) -> Option<Bitmap> {
         let keys = || chunks.iter().flat_map(|c| c.as_ref().iter().copied());
-        let (min, max) = (keys().min(), keys().max());
+        let (min, max) = keys().fold((None, None), |(min, max): (Option<i64>, Option<i64>), k| (Some(min.map_or(k, |m| m.min(k))), Some(max.map_or(k, |m| m.max(k)))));
         let span = min.zip(max).map_or(0, |(min, max)| max.abs_diff(min));
         (span < MAX_RANGE).then(|| Self::within(keys(), min, max))
     }
