@@ -338,9 +338,10 @@ def test_large_join_key_set_travels_to_the_node(one_node, tmp_path):
     assert shipped["off"][0] == shipped["off"][1], shipped
 
 
-def _embedded_scan_rows(warehouse, sql, tmp_path, *args, table="lineitem"):
-    """Runs `sql` embedded (with `args`), checks it against DuckDB, and returns the rows the
-    `table` (`lineitem`) fragment scanned and passed on."""
+def _embedded_scan(warehouse, sql, tmp_path, *args, table="lineitem"):
+    """Runs `sql` embedded (with `args`), checks it against DuckDB, and returns the statistics
+    of the `table` (`lineitem`) fragment: `rows_in` (scanned), `rows_out` (passed on),
+    `bytes_read_storage` and `bytes_over_link`."""
     stats = tmp_path / "stats.json"
     out = tmp_path / "result.parquet"
     q.run_quarry(["sql", sql, *args, "--format", "parquet", "--output", out, "--stats", stats], warehouse)
@@ -354,19 +355,36 @@ def _embedded_scan_rows(warehouse, sql, tmp_path, *args, table="lineitem"):
     ran = [op for op in json.loads(stats.read_text())["operators"] if op["operator"] == "FragmentExec" and op["rows_in"] > 0]
     scans = [op for op in ran if op.get("table") == table]
     assert len(scans) == 1, scans
-    return scans[0]["rows_in"], scans[0]["rows_out"]
+    return scans[0]
 
 
-def test_large_join_key_set_filters_on_the_host_when_embedded(tpch_warehouse, tmp_path):
-    """Embedded, the same key set is tested by the host on the decoded `lineitem` batches
-    before the join probes them (a bitmap test instead of a hash lookup): the fragment passes
-    on only the lines of those orders; with --pushdown off (no join filters) every line."""
+def _embedded_scan_rows(warehouse, sql, tmp_path, *args, table="lineitem"):
+    """The rows the `table` fragment of `sql`, run embedded, scanned and passed on."""
+    scan = _embedded_scan(warehouse, sql, tmp_path, *args, table=table)
+    return scan["rows_in"], scan["rows_out"]
+
+
+# Every order's key: a set that keeps every line.
+ALL_ORDERS_KEY_SET_SQL = "select l_orderkey, l_linenumber, o_orderpriority from orders, lineitem where o_orderkey = l_orderkey"
+
+
+def test_embedded_key_set_runs_on_the_node_only_when_it_drops_most_rows(tpch_warehouse, tmp_path):
+    """Embedded, the key set of about 30% of orders is tested by the node as it decodes
+    `lineitem` (the fragment ships decoded rows, not the stored bytes), which passes on only
+    the lines of those orders; with --pushdown off (no join filters) every line. A set of every
+    order's key would drop nothing: it stays with the host, and the node ships the stored bytes.
+    Results equal DuckDB's in each case."""
     plan = q.run_quarry(["sql", f"EXPLAIN {LARGE_KEY_SET_SQL}", "--format", "csv"], tpch_warehouse).stdout
     assert "KeySetCollectExec" in plan and "key sets=1" in plan, plan
-    scanned, sent = _embedded_scan_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path)
-    assert 0 < sent and sent * 2 < scanned, (scanned, sent)
+    scan = _embedded_scan(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path)
+    assert 0 < scan["rows_out"] and scan["rows_out"] * 2 < scan["rows_in"], scan
+    assert scan["bytes_over_link"] != scan["bytes_read_storage"], scan
     scanned, sent = _embedded_scan_rows(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path, "--pushdown", "off")
     assert sent == scanned, (scanned, sent)
+    plan = q.run_quarry(["sql", f"EXPLAIN {ALL_ORDERS_KEY_SET_SQL}", "--format", "csv"], tpch_warehouse).stdout
+    assert "key sets=1" in plan, plan
+    scan = _embedded_scan(tpch_warehouse, ALL_ORDERS_KEY_SET_SQL, tmp_path)
+    assert scan["rows_out"] == scan["rows_in"] and scan["bytes_over_link"] == scan["bytes_read_storage"], scan
 
 
 # Orders' keys reach `lineitem` through the probe side of the supplier join below them.

@@ -66,9 +66,36 @@ impl KeySetSlot {
         self.bitmap.get_or_init(|| key_set::Bitmap::of_unsorted(keys).map(Arc::new)).clone()
     }
 
+    /// The number of published keys, if there are keys yet.
+    pub fn len(&self) -> Option<usize> {
+        Some(self.keys.get()?.as_ref()?.iter().map(|k| k.len()).sum())
+    }
+
     fn publish(&self, keys: Option<Vec<ScalarBuffer<i64>>>) {
         // A second execution of the build side publishes the same keys.
         let _ = self.keys.set(keys);
+    }
+}
+
+/// A join's key set as the fragment on its probe side holds it.
+#[derive(Debug, Clone)]
+pub struct ProbeKeySet {
+    pub slot: Arc<KeySetSlot>,
+    /// The fragment's output column the set filters.
+    pub column: String,
+    /// The distinct values of that column the fragment's statistics estimate.
+    pub distinct: Option<usize>,
+}
+
+impl ProbeKeySet {
+    /// Whether the published set is expected to drop most of the probe side's rows: it holds
+    /// at most [`HostKeyFilter::KEEP_SHARE_MAX`] of the column's distinct values. `false`
+    /// while unpublished or when the column's distinct values are unknown.
+    pub fn selective(&self) -> bool {
+        match (self.slot.len(), self.distinct) {
+            (Some(keys), Some(distinct)) => keys as f64 <= HostKeyFilter::KEEP_SHARE_MAX * distinct as f64,
+            _ => false,
+        }
     }
 }
 
@@ -341,11 +368,11 @@ impl HostKeyFilter {
     /// The filter of the published sets among `key_sets` over batches of `schema`, counting
     /// the rows it drops in `dropped`; `None` if no set is published, or if `pool` refuses
     /// the bitmaps' memory (each partition reserves what it reads, though they share them).
-    pub fn new(key_sets: &[(Arc<KeySetSlot>, String)], schema: &SchemaRef, dropped: Count, pool: &Arc<dyn MemoryPool>) -> Result<Option<Self>> {
+    pub fn new(key_sets: &[ProbeKeySet], schema: &SchemaRef, dropped: Count, pool: &Arc<dyn MemoryPool>) -> Result<Option<Self>> {
         let mut tests = Vec::new();
-        for (slot, column) in key_sets {
-            if let Some(bitmap) = slot.bitmap() {
-                tests.push((schema.index_of(column)?, bitmap));
+        for set in key_sets {
+            if let Some(bitmap) = set.slot.bitmap() {
+                tests.push((schema.index_of(&set.column)?, bitmap));
             }
         }
         let reservation = MemoryConsumer::new("HostKeyFilter").register(pool);
@@ -404,6 +431,23 @@ mod tests {
         slot
     }
 
+    /// `slot` filtering column `k`, whose distinct values are unknown.
+    fn probe(slot: Arc<KeySetSlot>) -> ProbeKeySet {
+        ProbeKeySet { slot, column: "k".into(), distinct: None }
+    }
+
+    /// A set is selective when it holds at most half the probe column's distinct values.
+    #[test]
+    fn a_set_is_selective_when_it_holds_few_of_the_probe_columns_values() {
+        let unpublished = ProbeKeySet { distinct: Some(100), ..probe(Arc::new(KeySetSlot::default())) };
+        assert!(!unpublished.selective());
+        let fifty = published((0..50).collect());
+        assert_eq!(fifty.len(), Some(50));
+        assert!(ProbeKeySet { distinct: Some(100), ..probe(Arc::clone(&fifty)) }.selective());
+        assert!(!ProbeKeySet { distinct: Some(99), ..probe(Arc::clone(&fifty)) }.selective());
+        assert!(!probe(fifty).selective(), "unknown distinct values");
+    }
+
     /// A batch of `rows` rows with keys `start`, `start + 1`, ...
     fn batch(schema: &SchemaRef, start: i64, rows: i64) -> RecordBatch {
         RecordBatch::try_new(Arc::clone(schema), vec![Arc::new(Int64Array::from_iter_values(start..start + rows))]).unwrap()
@@ -419,7 +463,7 @@ mod tests {
             // Keys 0, every, 2 * every, ... : one row in `every` has a key.
             let slot = published((0..2 * HostKeyFilter::SAMPLE_ROWS as i64).step_by(every).collect());
             let dropped = Count::new();
-            let mut filter = HostKeyFilter::new(&[(Arc::clone(&slot), "k".into())], &schema, dropped.clone(), &pool()).unwrap().unwrap();
+            let mut filter = HostKeyFilter::new(&[probe(Arc::clone(&slot))], &schema, dropped.clone(), &pool()).unwrap().unwrap();
             let mut last_kept = 0;
             for i in 0..batches {
                 let out = filter.filter(batch(&schema, i * rows, rows)).unwrap();
@@ -433,7 +477,7 @@ mod tests {
         // Keeping 60%: tested over the sample, then passed through untested.
         let keys: Vec<i64> = (0..2 * HostKeyFilter::SAMPLE_ROWS as i64).filter(|k| k % 5 < 3).collect();
         let dropped = Count::new();
-        let mut filter = HostKeyFilter::new(&[(published(keys), "k".into())], &schema, dropped.clone(), &pool()).unwrap().unwrap();
+        let mut filter = HostKeyFilter::new(&[probe(published(keys))], &schema, dropped.clone(), &pool()).unwrap().unwrap();
         let kept: Vec<usize> = (0..batches).map(|i| filter.filter(batch(&schema, i * rows, rows)).unwrap().num_rows()).collect();
         assert!(kept[0] < rows as usize && kept[batches as usize - 1] == rows as usize, "{kept:?}");
         assert!(dropped.value() <= HostKeyFilter::SAMPLE_ROWS, "{}", dropped.value());
@@ -443,10 +487,10 @@ mod tests {
     fn no_filter_until_a_set_is_published_or_when_none_is() {
         let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
         let unpublished = Arc::new(KeySetSlot::default());
-        assert!(HostKeyFilter::new(&[(Arc::clone(&unpublished), "k".into())], &schema, Count::new(), &pool()).unwrap().is_none());
+        assert!(HostKeyFilter::new(&[probe(Arc::clone(&unpublished))], &schema, Count::new(), &pool()).unwrap().is_none());
         assert!(unpublished.get().is_none() && unpublished.bitmap().is_none());
         unpublished.publish(None);
-        assert!(HostKeyFilter::new(&[(unpublished, "k".into())], &schema, Count::new(), &pool()).unwrap().is_none());
+        assert!(HostKeyFilter::new(&[probe(unpublished)], &schema, Count::new(), &pool()).unwrap().is_none());
         // Keys spanning more than a bitmap covers make no bitmap (and no host filter).
         let wide = published(vec![0, key_set::MAX_RANGE as i64 + 1]);
         assert!(wide.bitmap().is_none());
@@ -504,9 +548,9 @@ mod tests {
         let slot = published((0..1 << 20).step_by(3).collect());
         let bytes = slot.bitmap().unwrap().bytes();
         let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes - 1));
-        assert!(HostKeyFilter::new(&[(Arc::clone(&slot), "k".into())], &schema, Count::new(), &small).unwrap().is_none());
+        assert!(HostKeyFilter::new(&[probe(Arc::clone(&slot))], &schema, Count::new(), &small).unwrap().is_none());
         let enough: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(bytes));
-        let filter = HostKeyFilter::new(&[(slot, "k".into())], &schema, Count::new(), &enough).unwrap();
+        let filter = HostKeyFilter::new(&[probe(slot)], &schema, Count::new(), &enough).unwrap();
         assert!(filter.is_some());
         assert_eq!(enough.reserved(), bytes);
         drop(filter);
