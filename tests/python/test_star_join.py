@@ -228,3 +228,34 @@ def test_a_repeated_dimension_key_falls_back_to_hash_joins(tmp_path, quarry_bin)
         check([], wh, con, sql, tmp_path, "repeated key")
     finally:
         con.close()
+
+
+def test_sparse_keys_over_a_wide_range_find_their_rows(tmp_path, quarry_bin):
+    """20,000 dimension keys in clusters of four over 2M values (too sparse for a directly
+    indexed table, close enough for a ranked bitmap): fact rows with a key, with a neighbouring value that is no key,
+    below and above every key, or NULL, aggregated by a dimension attribute, equal DuckDB's.
+    A repeated key still makes the star join fall back."""
+    rng = random.Random(7)
+    keys = [50 + (i // 4) * 400 + (i % 4) * 3 for i in range(20_000)]
+    rng.shuffle(keys)
+    dim = pa.table({"k": pa.array(keys, pa.int64()), "g": pa.array([f"g{k % 13}" for k in keys])})
+    probes = [rng.choice(keys) + rng.choice([0, 0, 0, -1, 1]) for _ in range(100_000)] + [None, 0, 49, 10**7, -(10**12)]
+    fact = pa.table({"fk": pa.array(probes, pa.int64()), "v": pa.array(range(len(probes)), pa.int64())})
+    sql = "select g, sum(v), count(*) from fact, dim where fk = k group by g"
+    for repeated in (False, True):
+        wh = tmp_path / f"wh-{repeated}"
+        rows = dim if not repeated else pa.concat_tables([dim, dim.slice(123, 1)])
+        for name, table in (("fact", fact), ("dim", rows)):
+            pq.write_table(table, tmp_path / f"{name}.parquet")
+            q.run_quarry(["load", name, tmp_path / f"{name}.parquet"], wh)
+        plan = explain([], wh, sql, analyze=True)
+        assert "StarAggregateExec" in plan, plan
+        if repeated:
+            assert "fallbacks=1" in plan, plan
+        else:
+            assert "fallbacks=0" in plan and "20000 ranked keys" in plan, plan
+        con = q.duckdb_connect(wh, threads=2)
+        try:
+            check([], wh, con, sql, tmp_path, f"sparse keys, repeated={repeated}")
+        finally:
+            con.close()

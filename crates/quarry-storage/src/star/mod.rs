@@ -248,7 +248,7 @@ impl DisplayAs for StarProbeExec {
         write!(f, "StarProbeExec: keys=[{}], aggregates=[{}]", keys.join(", "), aggregates.join(", "))?;
         match self.tables.get() {
             Some(tables) => {
-                let sizes: Vec<String> = tables.dims.iter().map(|d| format!("{} keys/{} groups", d.lookup.len(), d.groups)).collect();
+                let sizes: Vec<String> = tables.dims.iter().map(|d| format!("{} {} keys/{} groups", d.lookup.len(), d.lookup.kind(), d.groups)).collect();
                 write!(f, ", dimensions=[{}], probe order={:?}", sizes.join(", "), tables.order)
             }
             None => write!(f, ", dimensions built at run time"),
