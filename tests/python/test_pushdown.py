@@ -387,6 +387,23 @@ def test_embedded_key_set_runs_on_the_node_only_when_it_drops_most_rows(tpch_war
     assert scan["rows_out"] == scan["rows_in"] and scan["bytes_over_link"] == scan["bytes_read_storage"], scan
 
 
+def test_filters_above_a_scan_go_with_its_key_set(tpch_warehouse, tmp_path):
+    """Embedded, the filters above a passthrough `lineitem` scan that compare a column with a
+    constant go to the node with the join's key set, so it passes on only the lines that pass
+    both (each joins one order: as many as the result has rows); a comparison of two columns
+    stays on the host, and the node passes on the lines it would drop. Results equal DuckDB's."""
+    con = q.duckdb_connect(tpch_warehouse, threads=2)
+    try:
+        for extra, on_node in (("l_shipdate > date '1993-06-01'", True), ("l_receiptdate > l_commitdate", False)):
+            sql = f"{LARGE_KEY_SET_SQL} and {extra}"
+            result_rows = len(q.duckdb_result(con, sql).rows)
+            scan = _embedded_scan(tpch_warehouse, sql, tmp_path)
+            assert 0 < result_rows < scan["rows_in"], (extra, result_rows, scan)
+            assert (scan["rows_out"] == result_rows) == on_node, (extra, result_rows, scan)
+    finally:
+        con.close()
+
+
 # Orders' keys reach `lineitem` through the probe side of the supplier join below them.
 STACKED_KEY_SETS_SQL = (
     "select n_name, sum(l_extendedprice) as revenue, count(*) as n from orders, lineitem, supplier, nation "
