@@ -186,8 +186,7 @@ impl KeyLookup {
 
     /// The lookup of sparse integer `(key, code)` pairs: ranked where the bitmap over their
     /// range takes at most [`RANKED_MAX_BYTES_PER_KEY`] bytes per key (or [`RANKED_ANY_BYTES`]),
-    /// else hashed. `Err` with
-    /// a key that repeats.
+    /// else hashed. `Err` with a key that repeats.
     fn sparse(pairs: &[(i64, u32)]) -> std::result::Result<KeyLookup, i64> {
         if let Some((min, max)) = pairs.iter().fold(None, |bounds: Option<(i64, i64)>, &(k, _)| Some(bounds.map_or((k, k), |(lo, hi)| (lo.min(k), hi.max(k))))) {
             let range = max as i128 - min as i128 + 1;
