@@ -162,10 +162,9 @@ impl KeyLookup {
         }
         let ints = int_values(keys)?;
         let present: Vec<(i64, u32)> = ints.iter().zip(codes).filter_map(|(k, &c)| k.map(|k| (k, c))).collect();
-        let (min, max) = present.iter().fold((i64::MAX, i64::MIN), |(lo, hi), &(k, _)| (lo.min(k), hi.max(k)));
-        let range = if present.is_empty() { 0 } else { (max as i128 - min as i128 + 1) as u128 };
-        let dense = !present.is_empty()
-            && range <= DENSE_MAX_ENTRIES as u128
+        let Some((min, max)) = key_bounds(&present) else { return Ok(Built::Unique(KeyLookup::Ints(HashMap::new()))) };
+        let range = (max as i128 - min as i128 + 1) as u128;
+        let dense = range <= DENSE_MAX_ENTRIES as u128
             && (range <= DENSE_ALWAYS_ENTRIES as u128 || present.len() as f64 >= DENSE_MIN_FILL * range as f64);
         if dense {
             let mut table = vec![NO_CODE; range as usize];
@@ -178,7 +177,7 @@ impl KeyLookup {
             }
             return Ok(Built::Unique(KeyLookup::Dense { min, codes: table }));
         }
-        Ok(match Self::sparse(&present) {
+        Ok(match Self::sparse(&present, Some((min, max))) {
             Ok(lookup) => Built::Unique(lookup),
             Err(key) => Built::Duplicate(key.to_string()),
         })
@@ -186,9 +185,9 @@ impl KeyLookup {
 
     /// The lookup of sparse integer `(key, code)` pairs: ranked where the bitmap over their
     /// range takes at most [`RANKED_MAX_BYTES_PER_KEY`] bytes per key (or [`RANKED_ANY_BYTES`]),
-    /// else hashed. `Err` with a key that repeats.
-    fn sparse(pairs: &[(i64, u32)]) -> std::result::Result<KeyLookup, i64> {
-        if let Some((min, max)) = pairs.iter().fold(None, |bounds: Option<(i64, i64)>, &(k, _)| Some(bounds.map_or((k, k), |(lo, hi)| (lo.min(k), hi.max(k))))) {
+    /// else hashed. `bounds` are the keys' ([`key_bounds`]). `Err` with a key that repeats.
+    fn sparse(pairs: &[(i64, u32)], bounds: Option<(i64, i64)>) -> std::result::Result<KeyLookup, i64> {
+        if let Some((min, max)) = bounds {
             let range = max as i128 - min as i128 + 1;
             let bytes = RANKED_MAX_BYTES_PER_KEY * pairs.len() as f64;
             if range <= (bytes.max(RANKED_ANY_BYTES) / RankedKeys::BYTES_PER_SLOT) as i128 {
@@ -359,7 +358,7 @@ impl KeyLookup {
                     return plan_err!("fragment: a dimension with {} keys and {} codes", keys.len(), codes.len());
                 }
                 let pairs = keys.into_iter().zip(codes).map(|(k, c)| Ok((k, check(c)?))).collect::<Result<Vec<_>>>()?;
-                Self::sparse(&pairs).or_else(|key| plan_err!("fragment: dimension key {key} appears twice"))
+                Self::sparse(&pairs, key_bounds(&pairs)).or_else(|key| plan_err!("fragment: dimension key {key} appears twice"))
             }
             2 => {
                 let count = input.len_prefix()?;
@@ -373,6 +372,11 @@ impl KeyLookup {
             other => plan_err!("fragment: unknown dimension lookup kind {other}"),
         }
     }
+}
+
+/// The smallest and largest key of `pairs`, if there is one.
+fn key_bounds(pairs: &[(i64, u32)]) -> Option<(i64, i64)> {
+    pairs.iter().fold(None, |bounds, &(k, _)| Some(bounds.map_or((k, k), |(lo, hi): (i64, i64)| (lo.min(k), hi.max(k)))))
 }
 
 /// Whether a foreign key of this type can be probed.
