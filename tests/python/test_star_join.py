@@ -88,7 +88,7 @@ def test_a_filtered_dimension_is_ranked(ssb1, tmp_path):
     dimensions = re.search(r"dimensions=\[([^\]]*)\]", plan)
     assert dimensions, plan
     kinds = re.findall(r"\d+ (\w+) keys/", dimensions.group(1))
-    assert kinds == ["ranked", "dense", "ranked"], dimensions.group(1)
+    assert kinds == ["bitmap", "bitmap", "ranked"], dimensions.group(1)
     check([], wh, con, sql, tmp_path, "q2.3")
 
 

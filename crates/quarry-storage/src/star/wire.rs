@@ -35,6 +35,10 @@ impl WireWriter {
         self.u64(v.len() as u64);
         v.iter().for_each(|x| self.i64(*x));
     }
+    pub fn u64s(&mut self, v: &[u64]) {
+        self.u64(v.len() as u64);
+        v.iter().for_each(|x| self.u64(*x));
+    }
     pub fn finish(self) -> Vec<u8> {
         self.buf
     }
@@ -95,8 +99,11 @@ impl<'a> WireReader<'a> {
         Ok(self.take(n.checked_mul(4).unwrap_or(usize::MAX))?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
     }
     pub fn i64s(&mut self) -> Result<Vec<i64>> {
+        Ok(self.u64s()?.into_iter().map(|v| v as i64).collect())
+    }
+    pub fn u64s(&mut self) -> Result<Vec<u64>> {
         let n = self.len_prefix()?;
-        Ok(self.take(n.checked_mul(8).unwrap_or(usize::MAX))?.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+        Ok(self.take(n.checked_mul(8).unwrap_or(usize::MAX))?.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
     }
 
     /// Whether every byte was read.
