@@ -9,7 +9,8 @@ left as a filter when it passes few (`n <= 100`); a key with thousands of values
 aggregate (one thread), keep DataFusion's aggregate. Every result must equal DuckDB's by value: sums, averages and counts
 over decimals, integers and floats with NULLs, a group whose values are all NULL, a filter that passes nothing, and a filter
 guarding a division by zero (`d <> 0`: the operator computes its aggregate arguments over all
-rows of a batch, and must not fail on a row the filter drops).
+rows of a batch, and must not fail on a row the filter drops), and sums and averages of decimal
+arithmetic (added as the 64-bit values narrow decimal arithmetic computes).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ QUERIES = [
     f"select day, g, lg, k, {AGGREGATES} from {{t}} group by day, g, lg, k",
     f"select g, {AGGREGATES} from {{t}} where n <= 100 group by g",
     "select g, k, sum(100 % d) as s, count(*) as c from {t} where d <> 0 group by g, k",
+    # decimal arithmetic, summed as its 64-bit results, NULLs among them
+    "select g, k, sum(price * (1 - cast(qty as decimal(15,2)))) as s, avg(price * (1 + cast(qty as decimal(15,2)))) as a, "
+    "sum(price * price) as pp, count(*) as c from {t} where n > 50 group by g, k",
     "select g, count(*) as c, sum(qty) as s from {t} where n > 5000 group by g",
     "select flag, g from {t} where n > 10 group by flag, g",
     "select g, sum(qty) as s from {t} where n > 50 group by g having sum(qty) > 1000",

@@ -7,7 +7,8 @@
 //! `*` over `Decimal128` operands in a [`NarrowDecimalExpr`], which checks per batch the largest
 //! magnitude on each side (null slots included) and, when the result cannot leave 64 bits,
 //! computes with `i64` arithmetic that the compiler vectorizes, widening the answer to the
-//! declared `Decimal128` type. Otherwise it computes exactly what DataFusion would. DuckDB does
+//! declared `Decimal128` type. Nested arithmetic stays in 64 bits between its steps, each
+//! step's magnitude bounded by its operands' bounds. Otherwise it computes exactly what DataFusion would. DuckDB does
 //! the same with its statistics (`DecimalMultiplyOverflowCheck`).
 
 use std::fmt;
@@ -158,59 +159,50 @@ impl NarrowDecimalExpr {
     }
 }
 
-/// One operand of a batch: its unscaled values (one for a scalar), nulls, precision and scale.
-struct Operand<'a> {
-    values: Values<'a>,
-    nulls: Option<&'a NullBuffer>,
-    scale: i8,
+/// A decimal operand in 64 bits: its unscaled values (one for a scalar), nulls, precision and
+/// scale, and a bound on the values' magnitude, null slots included (their values are
+/// arbitrary: bounding them too keeps the 64-bit arithmetic on them from overflowing).
+pub(crate) struct Narrow {
+    values: Values,
+    nulls: Option<NullBuffer>,
     precision: u8,
+    scale: i8,
+    bound: u128,
 }
 
-#[derive(Clone, Copy)]
-enum Values<'a> {
-    Array(&'a [i128]),
-    Scalar(i128),
+enum Values {
+    Array(Vec<i64>),
+    Scalar(i64),
 }
 
-impl<'a> Operand<'a> {
-    /// `None` for a null scalar or anything but `Decimal128`.
-    fn of(value: &'a ColumnarValue) -> Option<Operand<'a>> {
+impl Narrow {
+    /// `value` in 64 bits; `None` for a null scalar, anything but `Decimal128`, or a value
+    /// past 64 bits.
+    fn of(value: &ColumnarValue) -> Option<Narrow> {
+        let limit = i64::MAX as u128;
         match value {
             ColumnarValue::Array(array) => {
                 let DataType::Decimal128(precision, scale) = array.data_type() else { return None };
                 let decimals: &Decimal128Array = array.as_primitive::<Decimal128Type>();
-                Some(Operand { values: Values::Array(decimals.values()), nulls: decimals.nulls(), scale: *scale, precision: *precision })
+                let bound = decimals.values().iter().fold(0u128, |m, v| m.max(v.unsigned_abs()));
+                (bound <= limit).then(|| Narrow { values: Values::Array(decimals.values().iter().map(|&v| v as i64).collect()), nulls: decimals.nulls().cloned(), precision: *precision, scale: *scale, bound })
             }
-            ColumnarValue::Scalar(ScalarValue::Decimal128(Some(v), precision, scale)) => Some(Operand { values: Values::Scalar(*v), nulls: None, scale: *scale, precision: *precision }),
+            ColumnarValue::Scalar(ScalarValue::Decimal128(Some(v), precision, scale)) if v.unsigned_abs() <= limit => {
+                Some(Narrow { values: Values::Scalar(*v as i64), nulls: None, precision: *precision, scale: *scale, bound: v.unsigned_abs() })
+            }
             ColumnarValue::Scalar(_) => None,
         }
     }
 
-    /// The largest magnitude among the values, null slots included (their values are arbitrary:
-    /// counting them keeps the 64-bit arithmetic on them from overflowing).
-    fn magnitude(&self) -> u128 {
-        match self.values {
-            Values::Array(values) => values.iter().fold(0u128, |m, v| m.max(v.unsigned_abs())),
-            Values::Scalar(v) => v.unsigned_abs(),
-        }
-    }
-}
-
-/// `10^exponent` as a 64-bit factor, if it is one.
-fn power_of_ten(exponent: i8) -> Option<i64> {
-    u32::try_from(exponent).ok().and_then(|e| 10i64.checked_pow(e))
-}
-
-impl NarrowDecimalExpr {
-    /// The 64-bit computation, or `None` where it could overflow or does not apply.
-    fn narrow(&self, left: &ColumnarValue, right: &ColumnarValue) -> Option<ArrayRef> {
-        let (l, r) = (Operand::of(left)?, Operand::of(right)?);
-        if matches!((&l.values, &r.values), (Values::Scalar(_), Values::Scalar(_))) {
+    /// `left op right` in 64 bits, with the precision and scale arrow-rs's decimal kernels give
+    /// it; `None` where the operands' bounds allow a result past 64 bits.
+    fn apply(op: Operator, left: Narrow, right: Narrow) -> Option<Narrow> {
+        if matches!((&left.values, &right.values), (Values::Scalar(_), Values::Scalar(_))) {
             return None;
         }
         let limit = i64::MAX as u128;
-        // Scale and precision as arrow-rs's decimal kernels set them.
-        let (scale, precision, l_factor, r_factor) = match self.op {
+        let (l, r) = (&left, &right);
+        let (scale, precision, l_factor, r_factor) = match op {
             Operator::Multiply => {
                 let scale = l.scale.checked_add(r.scale).filter(|s| *s <= arrow::datatypes::DECIMAL128_MAX_SCALE)?;
                 (scale, (l.precision + r.precision + 1).min(arrow::datatypes::DECIMAL128_MAX_PRECISION), 1, 1)
@@ -222,39 +214,80 @@ impl NarrowDecimalExpr {
                 (scale, precision, power_of_ten(scale - l.scale)?, power_of_ten(scale - r.scale)?)
             }
         };
-        let (l_max, r_max) = (l.magnitude(), r.magnitude());
-        let fits = match self.op {
-            Operator::Multiply => l_max <= limit && r_max <= limit && l_max.checked_mul(r_max).is_some_and(|m| m <= limit),
-            _ => l_max.checked_mul(l_factor as u128).zip(r_max.checked_mul(r_factor as u128)).and_then(|(a, b)| a.checked_add(b)).is_some_and(|m| m <= limit),
-        };
-        if !fits {
-            return None;
+        let bound = match op {
+            Operator::Multiply => l.bound.checked_mul(r.bound),
+            _ => l.bound.checked_mul(l_factor as u128).zip(r.bound.checked_mul(r_factor as u128)).and_then(|(a, b)| a.checked_add(b)),
         }
+        .filter(|&b| b <= limit)?;
         // One loop per operator (a function pointer would keep the compiler from vectorizing).
-        let values = match self.op {
-            Operator::Plus => combine(l.values, r.values, l_factor, r_factor, i64::wrapping_add),
-            Operator::Minus => combine(l.values, r.values, l_factor, r_factor, i64::wrapping_sub),
-            _ => combine(l.values, r.values, l_factor, r_factor, i64::wrapping_mul),
+        let values = match op {
+            Operator::Plus => combine(&left.values, &right.values, l_factor, r_factor, i64::wrapping_add),
+            Operator::Minus => combine(&left.values, &right.values, l_factor, r_factor, i64::wrapping_sub),
+            _ => combine(&left.values, &right.values, l_factor, r_factor, i64::wrapping_mul),
         };
-        let nulls = NullBuffer::union(l.nulls, r.nulls);
-        let array = Decimal128Array::new(values.into(), nulls).with_precision_and_scale(precision, scale).ok()?;
+        let nulls = NullBuffer::union(left.nulls.as_ref(), right.nulls.as_ref());
+        Some(Narrow { values: Values::Array(values), nulls, precision, scale, bound })
+    }
+
+    /// The unscaled values of an array (not a scalar), their nulls, and their scale.
+    pub(crate) fn array(&self) -> Option<(&[i64], Option<&NullBuffer>, i8)> {
+        match &self.values {
+            Values::Array(values) => Some((values, self.nulls.as_ref(), self.scale)),
+            Values::Scalar(_) => None,
+        }
+    }
+
+    /// The values as the `Decimal128` array DataFusion's `BinaryExpr` would have computed.
+    fn widen(self) -> Option<ArrayRef> {
+        let Values::Array(values) = self.values else { return None };
+        let values: Vec<i128> = values.into_iter().map(i128::from).collect();
+        let array = Decimal128Array::new(values.into(), self.nulls).with_precision_and_scale(self.precision, self.scale).ok()?;
         Some(Arc::new(array))
     }
 }
 
-/// `f` over the operands rescaled by their factors, widened to `i128`. Bounded above, so
-/// neither the rescaling nor `f` wraps; `wrapping_*` only spares the checks.
+/// `10^exponent` as a 64-bit factor, if it is one.
+fn power_of_ten(exponent: i8) -> Option<i64> {
+    u32::try_from(exponent).ok().and_then(|e| 10i64.checked_pow(e))
+}
+
+impl NarrowDecimalExpr {
+    /// The 64-bit computation on operands already evaluated, or `None` where it could overflow
+    /// or does not apply.
+    fn narrow(&self, left: &ColumnarValue, right: &ColumnarValue) -> Option<ArrayRef> {
+        Narrow::apply(self.op, Narrow::of(left)?, Narrow::of(right)?)?.widen()
+    }
+
+    /// This expression over `batch` in 64 bits throughout: an operand that is itself narrow
+    /// decimal arithmetic stays in 64 bits, bounded by its operands' bounds rather than by a
+    /// pass over its values (TPC-H Q01's `price * (1 - discount) * (1 + tax)` made and scanned
+    /// three `i128` arrays per batch). `None` where a bound allows more than 64 bits.
+    pub(crate) fn evaluate_narrow(&self, batch: &RecordBatch) -> Result<Option<Narrow>> {
+        let operand = |expr: &Arc<dyn PhysicalExpr>| -> Result<Option<Narrow>> {
+            match expr.downcast_ref::<NarrowDecimalExpr>() {
+                Some(inner) => inner.evaluate_narrow(batch),
+                None => Ok(Narrow::of(&expr.evaluate(batch)?)),
+            }
+        };
+        let Some(left) = operand(&self.left)? else { return Ok(None) };
+        let Some(right) = operand(&self.right)? else { return Ok(None) };
+        Ok(Narrow::apply(self.op, left, right))
+    }
+}
+
+/// `f` over the operands rescaled by their factors. Bounded above, so neither the rescaling
+/// nor `f` wraps; `wrapping_*` only spares the checks.
 #[inline(always)]
-fn combine(left: Values, right: Values, l_factor: i64, r_factor: i64, f: impl Fn(i64, i64) -> i64) -> Vec<i128> {
+fn combine(left: &Values, right: &Values, l_factor: i64, r_factor: i64, f: impl Fn(i64, i64) -> i64) -> Vec<i64> {
     match (left, right) {
-        (Values::Array(a), Values::Array(b)) => a.iter().zip(b).map(|(x, y)| f((*x as i64).wrapping_mul(l_factor), (*y as i64).wrapping_mul(r_factor)) as i128).collect(),
+        (Values::Array(a), Values::Array(b)) => a.iter().zip(b).map(|(x, y)| f(x.wrapping_mul(l_factor), y.wrapping_mul(r_factor))).collect(),
         (Values::Array(a), Values::Scalar(y)) => {
-            let y = (y as i64).wrapping_mul(r_factor);
-            a.iter().map(|x| f((*x as i64).wrapping_mul(l_factor), y) as i128).collect()
+            let y = y.wrapping_mul(r_factor);
+            a.iter().map(|x| f(x.wrapping_mul(l_factor), y)).collect()
         }
         (Values::Scalar(x), Values::Array(b)) => {
-            let x = (x as i64).wrapping_mul(l_factor);
-            b.iter().map(|y| f(x, (*y as i64).wrapping_mul(r_factor)) as i128).collect()
+            let x = x.wrapping_mul(l_factor);
+            b.iter().map(|y| f(x, y.wrapping_mul(r_factor))).collect()
         }
         (Values::Scalar(_), Values::Scalar(_)) => unreachable!("two scalars take arrow's path"),
     }
@@ -280,6 +313,10 @@ impl PhysicalExpr for NarrowDecimalExpr {
     }
 
     fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
+        if let Some(array) = self.evaluate_narrow(batch)?.and_then(Narrow::widen) {
+            return Ok(ColumnarValue::Array(array));
+        }
+        // A bound too loose for 64 bits: the operands as computed, narrowed by their values.
         let left = self.left.evaluate(batch)?;
         let right = self.right.evaluate(batch)?;
         match self.narrow(&left, &right) {
@@ -408,6 +445,44 @@ mod tests {
             assert!(found.starts_with(&expected) || found.ends_with(&expected), "{sql}: {found:?}\n{}", datafusion::physical_plan::displayable(plan.as_ref()).indent(true));
             let results = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await.unwrap();
             assert!(!results.is_empty(), "{sql}");
+        }
+    }
+
+    /// Nested arithmetic (TPC-H Q01's charge, `p * (1 - d) * (1 + t)`) equals arrow-rs's: in
+    /// 64 bits throughout where the bounds allow, and where a bound is too loose (a huge price
+    /// times a factor that is 0) or the values do leave 64 bits.
+    #[test]
+    fn nested_arithmetic_equals_arrows() {
+        let decimals = |values: Vec<Option<i128>>| Arc::new(Decimal128Array::from(values).with_precision_and_scale(15, 2).unwrap()) as ArrayRef;
+        let schema = Arc::new(Schema::new(["p", "d", "t"].map(|n| Field::new(n, DataType::Decimal128(15, 2), true)).to_vec()));
+        let one: Arc<dyn PhysicalExpr> = Arc::new(Literal::new(ScalarValue::Decimal128(Some(100), 15, 2)));
+        let column = |i: usize| Arc::new(Column::new(["p", "d", "t"][i], i)) as Arc<dyn PhysicalExpr>;
+        let tree = |make: &dyn Fn(Operator, Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>) -> Arc<dyn PhysicalExpr>| {
+            let discounted = make(Operator::Multiply, column(0), make(Operator::Minus, Arc::clone(&one), column(1)));
+            make(Operator::Multiply, discounted, make(Operator::Plus, Arc::clone(&one), column(2)))
+        };
+        let arrow = tree(&|op, l, r| Arc::new(BinaryExpr::new(l, op, r)));
+        let narrow = tree(&|op, l, r| Arc::new(NarrowDecimalExpr::new(op, l, r)));
+        let cases: [(Vec<Option<i128>>, Vec<Option<i128>>, bool); 3] = [
+            (vec![Some(10_494_950), None, Some(-1), Some(90_100)], vec![Some(4), Some(10), Some(100), None], true),
+            (vec![Some(100_000_000_000_000_000), Some(1)], vec![Some(100), Some(0)], false),
+            (vec![Some(90_000_000_000_000_000), Some(1)], vec![Some(-100), Some(0)], false),
+        ];
+        for (prices, discounts, in_64_bits) in cases {
+            let taxes: Vec<Option<i128>> = (0..prices.len() as i128).map(|i| (i != 1).then_some(i * 3)).collect();
+            let batch = RecordBatch::try_new(Arc::clone(&schema), vec![decimals(prices.clone()), decimals(discounts), decimals(taxes)]).unwrap();
+            let expected = arrow.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows()));
+            let actual = narrow.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows()));
+            match (expected, actual) {
+                (Ok(expected), Ok(actual)) => {
+                    assert_eq!(expected.data_type(), actual.data_type(), "{prices:?}");
+                    assert_eq!(&expected, &actual, "{prices:?}");
+                }
+                (Err(_), Err(_)) => {}
+                (expected, actual) => panic!("{prices:?}: arrow {expected:?}, narrow {actual:?}"),
+            }
+            let whole = narrow.downcast_ref::<NarrowDecimalExpr>().unwrap().evaluate_narrow(&batch).unwrap();
+            assert_eq!(whole.is_some(), in_64_bits, "{prices:?}: 64 bits throughout");
         }
     }
 

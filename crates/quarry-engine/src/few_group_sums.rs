@@ -78,18 +78,47 @@ impl FewGroupSums {
         self.constant
     }
 
-    /// Adds each row's value (`values`; unused if [`Self::ignores_argument`]) to the group of
-    /// `group_ids`, for groups `0..groups`; `rows` has each group's rows in this batch
-    /// ([`rows_per_group`]), which are its values' count when none is NULL.
-    pub fn update(&mut self, values: Option<&ArrayRef>, group_ids: &[usize], groups: usize, rows: &[u64]) -> Result<()> {
+    /// The scale of the decimal values this accumulator adds, if it adds decimals: such values
+    /// may come as 64-bit unscaled integers ([`Self::update_narrow`]).
+    pub fn decimal_scale(&self) -> Option<i8> {
+        match (self.kind, self.state_types.last()) {
+            (Kind::SumDecimal | Kind::AvgDecimal, Some(DataType::Decimal128(_, scale))) => Some(*scale),
+            _ => None,
+        }
+    }
+
+    /// [`Self::update`] with decimal values given as their unscaled 64-bit integers (at
+    /// [`Self::decimal_scale`]), as narrow decimal arithmetic computes them: no `i128` array is
+    /// made only to be read back.
+    pub fn update_narrow(&mut self, values: &[i64], nulls: Option<&NullBuffer>, group_ids: &[usize], groups: usize, rows: &[u64]) -> Result<()> {
+        if self.decimal_scale().is_none() || values.len() != group_ids.len() || rows.len() > groups {
+            return internal_err!("FewGroupSums: {} 64-bit values for {} rows of a {:?} aggregate", values.len(), group_ids.len(), self.kind);
+        }
+        let nulls = nulls.filter(|n| n.null_count() > 0);
+        self.count(nulls, group_ids, groups, rows);
+        add_values(&mut self.sums, group_ids, values, nulls, i128::from);
+        Ok(())
+    }
+
+    /// Sizes the slots for `groups` and counts each group's non-NULL values.
+    fn count(&mut self, nulls: Option<&NullBuffer>, group_ids: &[usize], groups: usize, rows: &[u64]) {
         self.counts.resize(groups * LANES, 0);
         if self.kind != Kind::Count {
             self.sums.resize(groups * LANES, 0);
         }
-        let add_rows = |counts: &mut [u64]| counts.iter_mut().step_by(LANES).zip(rows).for_each(|(c, &n)| *c += n);
+        match nulls {
+            None => self.counts.iter_mut().step_by(LANES).zip(rows).for_each(|(c, &n)| *c += n),
+            Some(nulls) => nulls.valid_indices().for_each(|row| self.counts[group_ids[row] * LANES] += 1),
+        }
+    }
+
+    /// Adds each row's value (`values`; unused if [`Self::ignores_argument`]) to the group of
+    /// `group_ids`, for groups `0..groups`; `rows` has each group's rows in this batch
+    /// ([`rows_per_group`]), which are its values' count when none is NULL.
+    pub fn update(&mut self, values: Option<&ArrayRef>, group_ids: &[usize], groups: usize, rows: &[u64]) -> Result<()> {
         let values = match values {
             _ if self.constant => {
-                add_rows(&mut self.counts);
+                self.count(None, group_ids, groups, rows);
                 return Ok(());
             }
             Some(values) => values,
@@ -100,10 +129,7 @@ impl FewGroupSums {
         }
         let nulls = values.logical_nulls();
         let nulls = nulls.as_ref().filter(|n| n.null_count() > 0);
-        match nulls {
-            None => add_rows(&mut self.counts),
-            Some(nulls) => nulls.valid_indices().for_each(|row| self.counts[group_ids[row] * LANES] += 1),
-        }
+        self.count(nulls, group_ids, groups, rows);
         match self.kind {
             Kind::Count => {}
             Kind::SumDecimal | Kind::AvgDecimal => {

@@ -46,6 +46,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use crate::decimal_arith::{Narrow, NarrowDecimalExpr};
 use crate::few_group_sums::{FewGroupSums, rows_per_group};
 use crate::placement::plan_statistics;
 
@@ -341,9 +342,14 @@ impl PartitionState {
             rows_per_group(&self.group_ids, total, &mut self.rows_per_group);
         }
         for (accumulator, values) in self.accumulators.iter_mut().zip(&arguments) {
-            match accumulator {
-                Accumulator::Sums(sums) => sums.update(values.first(), &self.group_ids, total, &self.rows_per_group)?,
-                Accumulator::DataFusion(native) => native.update_batch(values, &self.group_ids, None, total)?,
+            match (accumulator, values) {
+                (Accumulator::Sums(sums), Argument::Arrays(values)) => sums.update(values.first(), &self.group_ids, total, &self.rows_per_group)?,
+                (Accumulator::Sums(sums), Argument::Narrow(narrow)) => {
+                    let Some((values, nulls, _)) = narrow.array() else { return internal_err!("SmallGroupAggregateExec: a scalar narrow argument") };
+                    sums.update_narrow(values, nulls, &self.group_ids, total, &self.rows_per_group)?
+                }
+                (Accumulator::DataFusion(native), Argument::Arrays(values)) => native.update_batch(values, &self.group_ids, None, total)?,
+                (Accumulator::DataFusion(_), Argument::Narrow(_)) => return internal_err!("SmallGroupAggregateExec: a narrow argument to DataFusion's accumulator"),
             }
         }
         let size = self.groups.size() + self.accumulators.iter().map(Accumulator::size).sum::<usize>();
@@ -351,15 +357,25 @@ impl PartitionState {
     }
 
     /// The aggregate's input rows and each aggregate's argument values.
-    fn compute(&self, batch: &RecordBatch) -> Result<(RecordBatch, Vec<Vec<ArrayRef>>)> {
+    fn compute(&self, batch: &RecordBatch) -> Result<(RecordBatch, Vec<Argument>)> {
         let rows = self.prelude.compute(batch)?;
         let evaluated = |exprs: &Vec<Arc<dyn PhysicalExpr>>| exprs.iter().map(|e| e.evaluate(&rows)?.into_array(rows.num_rows())).collect::<Result<Vec<_>>>();
-        let arguments = self
-            .arguments
-            .iter()
-            .zip(&self.accumulators)
-            .map(|(exprs, accumulator)| if matches!(accumulator, Accumulator::Sums(s) if s.ignores_argument()) { Ok(Vec::new()) } else { evaluated(exprs) })
-            .collect::<Result<_>>()?;
+        let argument = |exprs: &Vec<Arc<dyn PhysicalExpr>>, accumulator: &Accumulator| -> Result<Argument> {
+            let Accumulator::Sums(sums) = accumulator else { return Ok(Argument::Arrays(evaluated(exprs)?)) };
+            if sums.ignores_argument() {
+                return Ok(Argument::Arrays(Vec::new()));
+            }
+            // Decimal arithmetic summed as its 64-bit results, where the batch allows them.
+            if let ([expr], Some(scale)) = (exprs.as_slice(), sums.decimal_scale())
+                && let Some(narrow) = expr.downcast_ref::<NarrowDecimalExpr>()
+                && let Some(values) = narrow.evaluate_narrow(&rows)?
+                && values.array().is_some_and(|(_, _, s)| s == scale)
+            {
+                return Ok(Argument::Narrow(values));
+            }
+            Ok(Argument::Arrays(evaluated(exprs)?))
+        };
+        let arguments = self.arguments.iter().zip(&self.accumulators).map(|(exprs, accumulator)| argument(exprs, accumulator)).collect::<Result<_>>()?;
         Ok((rows, arguments))
     }
 
@@ -382,6 +398,14 @@ impl PartitionState {
         self.reservation.free();
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
     }
+}
+
+/// One aggregate's argument values for a batch.
+enum Argument {
+    /// As its expressions evaluate them.
+    Arrays(Vec<ArrayRef>),
+    /// A decimal computed by narrow decimal arithmetic, in 64 bits.
+    Narrow(Narrow),
 }
 
 /// One aggregate's per-group state.
