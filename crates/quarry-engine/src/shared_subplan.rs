@@ -32,6 +32,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties, SendableRecordBatchStream, displayable, replace_children_if_necessary,
 };
 use futures::{StreamExt, TryStreamExt};
+use quarry_storage::batch_wire_bytes;
 
 use crate::scan::FragmentExec;
 
@@ -138,7 +139,10 @@ impl SharedResult {
                 let mut batches = Vec::new();
                 while let Some(batch) = stream.next().await {
                     let batch = batch?;
-                    reservation.try_grow(retained_bytes(&batch)?)?;
+                    // The bytes its arrays' slices address, not the whole buffers under them: an
+                    // aggregate emits its groups as slices of one array, and counting that array
+                    // once per slice charged TPC-H Q18's 15M groups (about 360 MB) as 18 GB.
+                    reservation.try_grow(batch_wire_bytes(&batch) as usize)?;
                     batches.push(batch);
                 }
                 Ok::<_, DataFusionError>((batches, reservation))
@@ -152,13 +156,6 @@ impl SharedResult {
         }
         Ok(partitions)
     }
-}
-
-/// The bytes `batch` adds to a kept result: its arrays' slices, not the whole buffers under
-/// them. An aggregate emits its groups as slices of one array, and counting that array once per
-/// slice charged TPC-H Q18's 15M groups (about 360 MB) as 18 GB, past the host's budget.
-fn retained_bytes(batch: &RecordBatch) -> Result<usize> {
-    batch.columns().iter().map(|c| c.to_data().get_slice_memory_size().map_err(DataFusionError::from)).sum()
 }
 
 /// An occurrence of a shared subplan (see the module docs).
