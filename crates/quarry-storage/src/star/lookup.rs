@@ -144,14 +144,7 @@ impl RankedKeys {
     /// The keys of `pairs`, which lie in `min..min + range`; `Err` with a key that repeats.
     fn build(pairs: &[(i64, u32)], min: i64, range: u64) -> std::result::Result<RankedKeys, i64> {
         let slot = |key: i64| key.wrapping_sub(min) as u64;
-        let mut words = vec![0u64; range.div_ceil(64) as usize];
-        for &(key, _) in pairs {
-            let (word, bit) = ((slot(key) / 64) as usize, 1u64 << (slot(key) % 64));
-            if words[word] & bit != 0 {
-                return Err(key);
-            }
-            words[word] |= bit;
-        }
+        let words = key_bits(pairs, min, range as usize)?;
         let mut ranks = Vec::with_capacity(words.len());
         let mut total = 0u32;
         for word in &words {
@@ -502,6 +495,12 @@ impl KeyLookup {
 /// The keys of `pairs` (every code 0), in `min..min + slots`, as bits; `Err` with a key that
 /// repeats.
 fn one_group_bits(pairs: &[(i64, u32)], min: i64, slots: usize) -> std::result::Result<DenseCodes, i64> {
+    Ok(DenseCodes::Bits { words: key_bits(pairs, min, slots)?, slots })
+}
+
+/// A bitmap of the keys of `pairs` over `min..min + slots` (bit `key - min` set for each key);
+/// `Err` with a key that repeats.
+fn key_bits(pairs: &[(i64, u32)], min: i64, slots: usize) -> std::result::Result<Vec<u64>, i64> {
     let mut words = vec![0u64; slots.div_ceil(64)];
     for &(key, _) in pairs {
         let slot = key.wrapping_sub(min) as u64 as usize;
@@ -511,7 +510,7 @@ fn one_group_bits(pairs: &[(i64, u32)], min: i64, slots: usize) -> std::result::
         }
         words[word] |= bit;
     }
-    Ok(DenseCodes::Bits { words, slots })
+    Ok(words)
 }
 
 /// The smallest and largest key of `pairs`, if there is one.
