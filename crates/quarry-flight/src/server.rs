@@ -87,7 +87,7 @@ impl std::fmt::Debug for TlsIdentity {
 /// node refuses to listen beyond loopback without a token, and without TLS unless told
 /// `insecure`.
 pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready: impl FnOnce(String, Option<SocketAddr>)) -> Result<(), String> {
-    let (listener, address, mut builder, scheme) = listen(&options).await?;
+    let (incoming, address, mut builder, scheme) = listen(&options).await?;
     let metrics_address = match options.metrics_listen {
         Some(addr) => Some(crate::metrics::serve_metrics(Arc::clone(&node), addr).await?),
         None => None,
@@ -111,16 +111,16 @@ pub async fn serve(node: Arc<LocalStorageNode>, options: ServeOptions, on_ready:
     let service = tonic::codegen::InterceptedService::new(server, TokenCheck::new(options.token));
     builder
         .add_service(service)
-        .serve_with_incoming(TcpIncoming::from(listener))
+        .serve_with_incoming(incoming)
         .await
         .map_err(|e| format!("serving on {address}: {e}"))
 }
 
 /// Binds `options.listen` for a Flight server (a storage node, or `quarry server`), refusing an
 /// address beyond loopback without a token, and without TLS unless told `insecure`: the
-/// listener, its address (the port may have been 0), the server builder (with TLS if given)
+/// accepted connections (TCP_NODELAY set), its address (the port may have been 0), the server builder (with TLS if given)
 /// and the URL scheme (`grpc` or `grpc+tls`).
-pub async fn listen(options: &ServeOptions) -> Result<(tokio::net::TcpListener, SocketAddr, Server, &'static str), String> {
+pub async fn listen(options: &ServeOptions) -> Result<(TcpIncoming, SocketAddr, Server, &'static str), String> {
     if !options.listen.ip().is_loopback() {
         if options.token.is_none() {
             return Err(format!(
@@ -149,7 +149,10 @@ pub async fn listen(options: &ServeOptions) -> Result<(tokio::net::TcpListener, 
         }
         None => "grpc",
     };
-    Ok((listener, address, builder, scheme))
+    // `serve_with_incoming` ignores the builder's TCP_NODELAY, so the accepted sockets get it
+    // here: with Nagle's algorithm, each small response (a fragment's statistics, an action's
+    // result) waited for the host's delayed ACK, about 40 ms per fragment.
+    Ok((TcpIncoming::from(listener).with_nodelay(Some(true)), address, builder, scheme))
 }
 
 fn status(e: DataFusionError) -> Status {

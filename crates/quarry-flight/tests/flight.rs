@@ -157,6 +157,18 @@ async fn calls_without_the_token_are_refused() {
     RemoteStorageNode::connect(&url, Some(TOKEN), None).await.unwrap();
 }
 
+/// A node's accepted connections send small messages at once: with Nagle's algorithm a
+/// fragment's closing statistics waited for the host's delayed ACK (about 40 ms a fragment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_connections_do_not_wait_for_acks() {
+    use futures::StreamExt;
+    let options = ServeOptions { listen: "127.0.0.1:0".parse().unwrap(), token: None, metrics_listen: None, tls: None, insecure: false };
+    let (mut incoming, address, _, _) = quarry_flight::listen(&options).await.unwrap();
+    let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+    let accepted = incoming.next().await.unwrap().unwrap();
+    assert!(accepted.nodelay().unwrap(), "TCP_NODELAY is not set on the accepted connection");
+}
+
 /// Passthrough reads: the stored bytes of a segment, exactly, over several Flight results when
 /// larger than one; reads of segments the version lacks or of bytes beyond the file refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

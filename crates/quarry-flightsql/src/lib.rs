@@ -18,7 +18,6 @@ use std::sync::Arc;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use quarry_engine::QuarrySession;
 use quarry_flight::ServeOptions;
-use tonic::transport::server::TcpIncoming;
 
 pub use service::{QuarryFlightSql, SqlTokenCheck};
 
@@ -27,7 +26,7 @@ pub use service::{QuarryFlightSql, SqlTokenCheck};
 /// 0). It refuses to listen beyond loopback without a token, and without TLS unless
 /// `options.insecure`.
 pub async fn serve_sql(base: QuarrySession, threads: usize, options: ServeOptions, on_ready: impl FnOnce(String)) -> Result<(), String> {
-    let (listener, address, mut builder, scheme) = quarry_flight::listen(&options).await?;
+    let (incoming, address, mut builder, scheme) = quarry_flight::listen(&options).await?;
     // Lives as long as the process: a runtime may not be dropped inside another one.
     let queries: &'static tokio::runtime::Runtime = Box::leak(Box::new(
         tokio::runtime::Builder::new_multi_thread()
@@ -43,7 +42,7 @@ pub async fn serve_sql(base: QuarrySession, threads: usize, options: ServeOption
     let service = tonic::codegen::InterceptedService::new(server, SqlTokenCheck::new(options.token));
     builder
         .add_service(service)
-        .serve_with_incoming(TcpIncoming::from(listener))
+        .serve_with_incoming(incoming)
         .await
         .map_err(|e| format!("serving on {address}: {e}"))
 }
