@@ -266,6 +266,16 @@ def test_bench_link_verdict():
         "node and embedded results differ: row counts differ"]
 
 
+def test_bench_memory_verdict():
+    import bench_memory as bm
+
+    duck = [{"interpreter_mib": 18.0, "peak_mib": 400.0}, {"interpreter_mib": 20.0, "peak_mib": 410.0}]
+    ok = bm.verdict([{"peak_mib": 300.0}, {"peak_mib": 330.0}], duck)
+    assert ok["failures"] == [] and ok["quarry_peak_mib"] == 330.0 and ok["duckdb_peak_mib"] == 392.0
+    assert bm.verdict([{"peak_mib": 393.0}], duck)["failures"] == ["quarry's peak 393 MiB is above duckdb's 392 MiB"]
+    assert bm.verdict([{"error": "boom"}], duck) == {"failures": ["quarry: boom"]}
+
+
 def test_select_query_files():
     assert [p.stem for p in q.select_query_files("tpch", "q6, Q01,q10")] == ["q01", "q06", "q10"]
     assert len(q.select_query_files("ssb", None)) == len(q.query_files("ssb"))

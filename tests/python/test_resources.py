@@ -61,3 +61,30 @@ def test_a_join_beyond_the_host_budget_fails_clearly(tpch_warehouse):
     assert "needs more memory than the host's budget (--memory)" in proc.stderr, proc.stderr
     proc = quarry_py.run_quarry(["--memory", "lots", "sql", "select 1"], tpch_warehouse, check=False)
     assert proc.returncode != 0 and "--memory" in proc.stderr and "lots" in proc.stderr, proc.stderr
+
+
+def test_bench_memory_runs_each_engine_once_over_the_whole_suite(ssb_warehouse, tmp_path):
+    """scripts/bench_memory.py: both engines run every SSB query in one process and report a
+    peak; a Quarry run that fails (a warehouse without the tables) is a failure, not a figure."""
+    import json
+    import subprocess
+    import sys
+
+    script = quarry_py.REPO_ROOT / "scripts" / "bench_memory.py"
+    report = tmp_path / "memory.json"
+    proc = subprocess.run([sys.executable, str(script), "--suite", "ssb", "--warehouse", str(ssb_warehouse),
+                           "--repeat", "1", "--json", str(report)], capture_output=True, text=True, timeout=600)
+    record = json.loads(report.read_text())
+    summary = record["summary"]
+    assert summary["failures"] == [] or summary["failures"][0].startswith("quarry's peak"), proc.stdout
+    assert len(record["queries"]) == 13
+    assert 0 < summary["python_interpreter_mib"] < summary["duckdb_process_peak_mib"]
+    assert summary["quarry_peak_mib"] > 0 and summary["ratio"] == summary["quarry_peak_mib"] / summary["duckdb_peak_mib"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, str(script), "--suite", "ssb", "--warehouse", str(empty), "--repeat", "1",
+                           "--json", str(report)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    failures = json.loads(report.read_text())["summary"]["failures"]
+    assert any(f.startswith("quarry:") and "lineorder" in f for f in failures), failures
