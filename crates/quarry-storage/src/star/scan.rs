@@ -20,6 +20,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::{StreamExt, stream};
 use object_store::ObjectStore;
 
+use super::lookup::IntCodeVisitor;
 use super::{GroupedStates, StarSpec, StarTables, evaluate_args, narrow, partial_schema};
 use crate::page_reader::{ColumnChunk, ValueKind};
 use crate::page_select::{Comparison, PagedSegment, Residual, SplitPredicate, Step, gather, group_rows, read_order, split_segments, used_columns};
@@ -280,10 +281,25 @@ impl Job {
                 if chunk.kind() == ValueKind::Bytes {
                     chunk.keep_bytes(alive, |v| lookup.code_bytes(v), kept, codes);
                 } else {
-                    chunk.keep_int(alive, |v| lookup.code_int(v), kept, codes);
+                    lookup.with_int_code(KeepInt { chunk, alive, kept, codes });
                 }
             }
             Test::Compare(comparison) => comparison.keep(chunk, alive, kept, codes),
         }
+    }
+}
+
+/// [`ColumnChunk::keep_int`] through a lookup's code function for its form.
+struct KeepInt<'a> {
+    chunk: &'a ColumnChunk,
+    alive: Option<&'a [u32]>,
+    kept: &'a mut Vec<u32>,
+    codes: &'a mut Vec<u32>,
+}
+
+impl IntCodeVisitor for KeepInt<'_> {
+    type Output = ();
+    fn visit(self, code: impl Fn(i64) -> u32) {
+        self.chunk.keep_int(self.alive, code, self.kept, self.codes)
     }
 }
