@@ -156,7 +156,7 @@ impl IntSet {
 
     /// A join's key set, always as a bitmap (its range is bounded).
     pub fn of_key_set(set: &KeySet) -> Self {
-        IntSet { values: set.keys().to_vec(), bitmap: Some(Bitmap::of(set.keys())) }
+        IntSet { values: set.keys().to_vec(), bitmap: Some(set.bitmap().clone()) }
     }
 
     #[inline]
