@@ -69,13 +69,23 @@ impl DenseCodes {
     fn get(&self, slot: u64) -> u32 {
         let Ok(slot) = usize::try_from(slot) else { return NO_CODE };
         match self {
-            DenseCodes::Bits { words, slots } => {
-                if slot < *slots && words[slot / 64] & (1 << (slot % 64)) != 0 { 0 } else { NO_CODE }
-            }
-            DenseCodes::U8(codes) => codes.get(slot).map_or(NO_CODE, |&c| if c == u8::MAX { NO_CODE } else { c as u32 }),
+            DenseCodes::Bits { words, slots } => Self::bit_code(words, *slots, slot),
+            DenseCodes::U8(codes) => Self::byte_code(codes, slot),
             DenseCodes::U16(codes) => codes.get(slot).map_or(NO_CODE, |&c| if c == u16::MAX { NO_CODE } else { c as u32 }),
             DenseCodes::U32(codes) => codes.get(slot).copied().unwrap_or(NO_CODE),
         }
+    }
+
+    /// [`Self::get`] of a `Bits` table.
+    #[inline]
+    fn bit_code(words: &[u64], slots: usize, slot: usize) -> u32 {
+        if slot < slots && words[slot / 64] & (1 << (slot % 64)) != 0 { 0 } else { NO_CODE }
+    }
+
+    /// [`Self::get`] of a `U8` table.
+    #[inline]
+    fn byte_code(codes: &[u8], slot: usize) -> u32 {
+        codes.get(slot).map_or(NO_CODE, |&c| if c == u8::MAX { NO_CODE } else { c as u32 })
     }
 
     /// Slots, with a code or not.
@@ -346,19 +356,15 @@ impl KeyLookup {
     /// q2.3, `code_int` over the plain `lo_partkey` pages was 18% of the samples.
     pub fn with_int_code<V: IntCodeVisitor>(&self, visit: V) -> V::Output {
         match self {
-            KeyLookup::Dense { min, codes: DenseCodes::Bits { words, slots } } => {
-                let (min, slots) = (*min, *slots as u64);
-                visit.visit(move |key: i64| {
-                    let slot = key.wrapping_sub(min) as u64;
-                    if slot < slots && words[(slot / 64) as usize] & (1 << (slot % 64)) != 0 { 0 } else { NO_CODE }
-                })
+            // A slot past `usize` (a 32-bit target) wraps to a small one: `get`'s `try_from`
+            // check is kept there, and a 64-bit `usize` holds every slot.
+            KeyLookup::Dense { min, codes: DenseCodes::Bits { words, slots } } if usize::BITS == 64 => {
+                let (min, slots) = (*min, *slots);
+                visit.visit(move |key: i64| DenseCodes::bit_code(words, slots, key.wrapping_sub(min) as u64 as usize))
             }
-            KeyLookup::Dense { min, codes: DenseCodes::U8(codes) } => {
+            KeyLookup::Dense { min, codes: DenseCodes::U8(codes) } if usize::BITS == 64 => {
                 let min = *min;
-                visit.visit(move |key: i64| match codes.get(key.wrapping_sub(min) as u64 as usize) {
-                    Some(&c) if c != u8::MAX => c as u32,
-                    _ => NO_CODE,
-                })
+                visit.visit(move |key: i64| DenseCodes::byte_code(codes, key.wrapping_sub(min) as u64 as usize))
             }
             KeyLookup::Ranked(ranked) => visit.visit(|key: i64| ranked.code(key)),
             other => visit.visit(|key: i64| other.code_int(key)),
