@@ -35,6 +35,7 @@ use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
 use quarry_storage::admission::weighted_demand;
 use quarry_storage::grace_join::in_memory_cost;
+use quarry_storage::star::StarDimensionExec;
 use quarry_storage::{Calibration, LinkCodec, NodeDescription, NodeOp, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
 use datafusion::physical_expr::utils::collect_columns;
 
@@ -349,8 +350,7 @@ impl PlacementRule {
     /// node is in this process (nothing is encoded) or its link's bandwidth is unknown; a
     /// codec must win by 10% (the ratio is measured on other data than the query's).
     fn link_codec(&self, fragment: &FragmentExec) -> LinkCodec {
-        let root = fragment.root();
-        let bytes = rows(root) * row_width(&root.schema());
+        let bytes = output_bytes(fragment.root());
         let mut names: Vec<&str> = fragment.partitions().iter().map(|p| p.node.name()).collect();
         names.sort();
         names.dedup();
@@ -422,6 +422,11 @@ impl PlacementRule {
                     Some(NodeOp::StarProbe) => (input_rows * self.host.star_scan_ns_per_row, batch_rows * width),
                     Some(op @ NodeOp::PartialAggregate) => (input_rows * op_ns_per_row(op, plan.as_ref(), &self.host), 2.0 * output_bytes),
                     Some(op @ NodeOp::TopK) => (input_rows * op_ns_per_row(op, plan.as_ref(), &self.host), output_bytes),
+                    // It holds the dimension's rows until all have come.
+                    Some(op @ NodeOp::StarDimension) => {
+                        let input = plan.children()[0];
+                        (input_rows * op_ns_per_row(op, plan.as_ref(), &self.host), input_rows * row_width(&input.schema()))
+                    }
                     Some(NodeOp::Join) => {
                         let build = plan.children()[0];
                         let build_rows = rows(build) * share;
@@ -457,7 +462,7 @@ impl PlacementRule {
                 // (`StarScanExec`): the decoding is counted with the leaf, the probe is cheaper
                 // than over decoded batches.
                 Some(NodeOp::StarProbe) => op_ns += input_rows() * self.host.star_scan_ns_per_row,
-                Some(op @ (NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK)) => {
+                Some(op @ (NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarDimension)) => {
                     op_ns += input_rows() * op_ns_per_row(op, plan.as_ref(), &self.host)
                 }
                 Some(NodeOp::Join) => {
@@ -479,7 +484,7 @@ impl PlacementRule {
         .expect("visiting a plan cannot fail");
         // Passthrough ships the stored bytes, which the host decodes; pushdown ships Arrow
         // batches, at least one row per partition (aggregates).
-        let link_bytes = if passthrough { read_bytes } else { (rows(root) * row_width(&root.schema())).max(partitions.len() as f64 * row_width(&root.schema())) };
+        let link_bytes = if passthrough { read_bytes } else { output_bytes(root).max(partitions.len() as f64 * row_width(&root.schema())) };
 
         let mut node_names: Vec<&str> = partitions.iter().map(|p| p.node.name()).collect();
         node_names.sort();
@@ -646,7 +651,7 @@ const MAX_CHAIN: usize = 4;
 /// (a join is `visit_join`'s, with both inputs; a scan is the fragment itself).
 fn can_run_on_node(plan: &dyn ExecutionPlan) -> bool {
     match NodeOp::of(plan) {
-        Some(NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe) => true,
+        Some(NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe | NodeOp::StarDimension) => true,
         Some(NodeOp::Join | NodeOp::Scan) | None => false,
     }
 }
@@ -668,6 +673,15 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
         return rows(projection.input());
     }
     plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
+}
+
+/// The bytes a pushed-down plan sends: its rows at their Arrow width, or a star dimension's
+/// keys and codes.
+fn output_bytes(plan: &Arc<dyn ExecutionPlan>) -> f64 {
+    match plan.downcast_ref::<StarDimensionExec>() {
+        Some(dimension) => dimension.predicted_bytes(rows(dimension.input())),
+        None => rows(plan) * row_width(&plan.schema()),
+    }
 }
 
 /// The fraction of rows a filter of string comparisons (`column <op> 'literal'`, `<` `<=` `>`
@@ -811,6 +825,8 @@ fn op_ns_per_row(op: NodeOp, plan: &dyn ExecutionPlan, rates: &Calibration) -> f
         }
         NodeOp::PartialAggregate => rates.aggregate_ns_per_row,
         NodeOp::StarProbe => rates.star_probe_ns_per_row,
+        // Numbering groups and sorting keys: a hash join's build, per row.
+        NodeOp::StarDimension => rates.join_ns_per_row,
         NodeOp::TopK => 2.0 * rates.filter_ns_per_row,
         NodeOp::Projection => 0.5 * rates.filter_ns_per_row * plan.schema().fields().len() as f64,
         // Priced on their own in `fragment_cost`.

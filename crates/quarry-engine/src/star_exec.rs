@@ -1,7 +1,8 @@
 //! `StarAggregateExec`: the host's half of the star join (see `quarry_storage::star`).
 //!
-//! It builds the dimensions (running each dimension's plan, evaluating its key and grouped
-//! expressions, numbering the distinct groups), fills the tables of the fact side's
+//! It builds the dimensions (assembling the keys, group codes and group values of each
+//! dimension's `StarDimensionExec`, which runs on the host or on the node holding the
+//! dimension), fills the tables of the fact side's
 //! [`StarProbeExec`] (on the host, or inside a fragment the placement rule moved it into, which
 //! takes them along when it is sent), runs the fact side's partitions, merges their partial
 //! aggregates and turns group ids back into the dimensions' attribute values. A dimension key
@@ -12,27 +13,26 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
-use arrow::row::{RowConverter, SortField};
-use datafusion::common::{DataFusionError, HashMap, Result, Statistics, internal_err};
+use datafusion::common::{DataFusionError, Result, Statistics, internal_err};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::star::{Built, GroupedStates, KeyLookup, StarDimension, StarProbeExec, StarSpec, StarTables, TablesCell};
+use quarry_storage::star::{Assembled, Built, GroupedStates, KeyLookup, StarDimension, StarProbeExec, StarSpec, StarTables, TablesCell, assemble};
 
-/// A dimension as planned: its plan, its key, and the grouping expressions it computes (each
-/// with its position among the aggregate's groups).
+/// A dimension as planned: a `StarDimensionExec` (on the host, or inside the fragment the
+/// placement rule moved it into), its key as EXPLAIN names it, and the position of each of its
+/// grouped expressions among the aggregate's groups.
 #[derive(Debug, Clone)]
 pub struct StarDimensionPlan {
     pub plan: Arc<dyn ExecutionPlan>,
-    pub key: Arc<dyn PhysicalExpr>,
-    pub groups: Vec<(usize, Arc<dyn PhysicalExpr>)>,
+    pub key: String,
+    pub positions: Vec<usize>,
 }
 
 /// See the module docs. Children: the fact side, the dimensions, the fallback.
@@ -76,8 +76,7 @@ impl StarAggregateExec {
 
 impl DisplayAs for StarAggregateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let groups: Vec<String> = self.dims.iter().map(|d| d.groups.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>().join(", ")).collect();
-        write!(f, "StarAggregateExec: dimensions={}, keys=[{}], groups by dimension=[{}]", self.dims.len(), self.dims.iter().map(|d| d.key.to_string()).collect::<Vec<_>>().join(", "), groups.join("; "))?;
+        write!(f, "StarAggregateExec: dimensions={}, keys=[{}]", self.dims.len(), self.dims.iter().map(|d| d.key.as_str()).collect::<Vec<_>>().join(", "))?;
         if let Some(tables) = self.tables.get() {
             write!(f, ", probe order={:?}", tables.order)?;
         }
@@ -98,9 +97,9 @@ impl ExecutionPlan for StarAggregateExec {
         std::iter::once(&self.probe).chain(self.dims.iter().map(|d| &d.plan)).chain(std::iter::once(&self.fallback)).collect()
     }
 
-    fn apply_expressions(&self, f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
-        let exprs = self.dims.iter().flat_map(|d| std::iter::once(&d.key).chain(d.groups.iter().map(|(_, e)| e)));
-        datafusion::physical_plan::apply_expression_roots(exprs, f)
+    /// Its expressions are its children's: the dimensions' own, the probe's, the fallback's.
+    fn apply_expressions(&self, _f: &mut dyn FnMut(&Arc<dyn datafusion::physical_expr::PhysicalExpr>) -> Result<datafusion::common::tree_node::TreeNodeRecursion>) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     }
 
     fn with_new_children(self: Arc<Self>, mut children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -232,125 +231,17 @@ impl Run {
     }
 }
 
-/// Builds a dimension; `None` if a key repeats.
+/// Builds a dimension from its pieces; `None` if a key repeats.
 async fn build_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> Result<Option<BuiltDimension>> {
-    let schema = dim.plan.schema();
-    let batches = collect(Arc::clone(&dim.plan), context).await?;
-    let rows = concat_batches(&schema, &batches)?;
-    let keys = dim.key.evaluate(&rows)?.into_array(rows.num_rows())?;
-    let grouped: Vec<ArrayRef> = dim.groups.iter().map(|(_, e)| e.evaluate(&rows).and_then(|v| v.into_array(rows.num_rows()))).collect::<Result<_>>()?;
-    let (codes, representatives) = number_groups(&grouped, rows.num_rows())?;
+    let pieces = collect(Arc::clone(&dim.plan), context).await?;
+    let (keys, codes, values, groups) = match assemble(&pieces, dim.positions.len())? {
+        Assembled::Rows { keys, codes, values, groups } => (keys, codes, values, groups),
+        Assembled::Duplicate(_) => return Ok(None),
+    };
     let lookup = match KeyLookup::build(&keys, &codes)? {
         Built::Unique(lookup) => lookup,
         Built::Duplicate(_) => return Ok(None),
     };
-    let picks = UInt32Array::from(representatives);
-    let values = dim.groups.iter().zip(&grouped).map(|((position, _), array)| Ok((*position, arrow::compute::take(array.as_ref(), &picks, None)?))).collect::<Result<_>>()?;
-    let groups = picks.len().max(1) as u32;
+    let values = dim.positions.iter().copied().zip(values).collect();
     Ok(Some(BuiltDimension { dimension: StarDimension { lookup, groups }, values }))
-}
-
-/// Numbers the distinct combinations of `grouped` (each `rows` long) in first-seen order: the
-/// code of each row, and the first row of each code.
-fn number_groups(grouped: &[ArrayRef], rows: usize) -> Result<(Vec<u32>, Vec<u32>)> {
-    if grouped.is_empty() {
-        return Ok((vec![0u32; rows], vec![0u32]));
-    }
-    match number_by_determining_column(grouped) {
-        Some(numbered) => Ok(numbered),
-        None => number_by_rows(grouped),
-    }
-}
-
-/// Numbering by all the grouped values, encoded as rows.
-fn number_by_rows(grouped: &[ArrayRef]) -> Result<(Vec<u32>, Vec<u32>)> {
-    let converter = RowConverter::new(grouped.iter().map(|a| SortField::new(a.data_type().clone())).collect())?;
-    let converted = converter.convert_columns(grouped)?;
-    Ok(number_first_seen(converted.iter()))
-}
-
-/// The code of each key, numbering distinct keys in first-seen order, and the first position
-/// of each code.
-fn number_first_seen<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> (Vec<u32>, Vec<u32>) {
-    let mut seen: HashMap<K, u32> = HashMap::with_capacity(keys.size_hint().0);
-    let mut representatives = Vec::new();
-    let codes = keys
-        .enumerate()
-        .map(|(i, key)| {
-            let next = seen.len() as u32;
-            *seen.entry(key).or_insert_with(|| {
-                representatives.push(i as u32);
-                next
-            })
-        })
-        .collect();
-    (codes, representatives)
-}
-
-/// Numbering by one integer column alone, when its value determines every other grouped
-/// column's (a key beside its attributes, as TPC-H Q10 groups by `c_custkey` and the customer's
-/// name, address and comment): checked row by row against the first row of the group, so it
-/// holds in these rows whatever the schema declares. It spares encoding and hashing long
-/// strings, which took a third of Q10's dimension build on one thread. `None` where no integer
-/// column without NULLs determines the others.
-fn number_by_determining_column(grouped: &[ArrayRef]) -> Option<(Vec<u32>, Vec<u32>)> {
-    use arrow::array::{Array, AsArray};
-    use arrow::datatypes::{DataType, Int32Type, Int64Type};
-    let candidate = grouped.iter().position(|a| matches!(a.data_type(), DataType::Int32 | DataType::Int64) && a.null_count() == 0)?;
-    let column = &grouped[candidate];
-    let (codes, representatives) = match column.data_type() {
-        DataType::Int32 => number_first_seen(column.as_primitive::<Int32Type>().values().iter()),
-        _ => number_first_seen(column.as_primitive::<Int64Type>().values().iter()),
-    };
-    for other in grouped.iter().enumerate().filter_map(|(c, other)| (c != candidate).then_some(other)) {
-        // Equal as grouping sees it: NULL equals NULL, floats by their total order. A type
-        // arrow cannot compare is left to the row encoding.
-        let compare = arrow::array::make_comparator(other.as_ref(), other.as_ref(), arrow::compute::SortOptions::default()).ok()?;
-        if codes.iter().enumerate().any(|(row, code)| compare(row, representatives[*code as usize] as usize).is_ne()) {
-            return None;
-        }
-    }
-    Some((codes, representatives))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow::array::{Float64Array, Int32Array, Int64Array, StringArray};
-
-    fn columns(ids: Vec<Option<i64>>, names: Vec<Option<&str>>) -> Vec<ArrayRef> {
-        vec![Arc::new(Int64Array::from(ids)), Arc::new(StringArray::from(names))]
-    }
-
-    /// Where the integer column determines the others, it alone numbers the groups, and the
-    /// numbering is the one the encoded rows give; where it does not (one key with two names,
-    /// a NULL key), the rows number them.
-    #[test]
-    fn a_determining_integer_column_numbers_the_groups_alone() {
-        let determined = [
-            columns(vec![Some(7), Some(3), Some(7), Some(9), Some(3)], vec![Some("a"), Some("b"), Some("a"), None, Some("b")]),
-            columns(vec![Some(1), Some(1)], vec![None, None]),
-            vec![Arc::new(Int32Array::from(vec![5, 6, 5])) as ArrayRef, Arc::new(Float64Array::from(vec![f64::NAN, 0.5, f64::NAN]))],
-        ];
-        for grouped in &determined {
-            let rows = grouped[0].len();
-            let by_column = number_by_determining_column(grouped);
-            assert!(by_column.is_some(), "{grouped:?}");
-            assert_eq!(by_column.unwrap(), number_by_rows(grouped).unwrap(), "{grouped:?}");
-            assert_eq!(number_groups(grouped, rows).unwrap(), number_by_rows(grouped).unwrap());
-        }
-        let not_determined = [
-            columns(vec![Some(7), Some(3), Some(7)], vec![Some("a"), Some("b"), Some("z")]),
-            columns(vec![Some(1), Some(1)], vec![None, Some("a")]),
-            columns(vec![Some(1), None, Some(1)], vec![Some("a"), Some("b"), Some("a")]),
-            vec![Arc::new(Float64Array::from(vec![0.0, -0.0])) as ArrayRef, Arc::new(StringArray::from(vec!["a", "a"]))],
-        ];
-        for grouped in &not_determined {
-            let rows = grouped[0].len();
-            assert!(number_by_determining_column(grouped).is_none(), "{grouped:?}");
-            assert_eq!(number_groups(grouped, rows).unwrap(), number_by_rows(grouped).unwrap());
-        }
-        let (codes, representatives) = number_groups(&not_determined[0], 3).unwrap();
-        assert_eq!((codes, representatives), (vec![0, 1, 2], vec![0, 1, 2]), "7/a and 7/z are two groups");
-    }
 }

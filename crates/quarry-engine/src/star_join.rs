@@ -27,7 +27,7 @@ use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, Extension, Logica
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
-use quarry_storage::star::{AggFunc, Domain, StarAggregate, StarProbeExec, StarSpec, supported_key_type};
+use quarry_storage::star::{AggFunc, Domain, StarAggregate, StarDimensionExec, StarProbeExec, StarSpec, supported_key_type};
 
 use crate::join_order::{Edge, Region};
 use crate::star_exec::{StarAggregateExec, StarDimensionPlan};
@@ -318,8 +318,10 @@ impl ExtensionPlanner for StarJoinPlanner {
             .enumerate()
             .map(|(d, plan)| {
                 let key = expr(&Expr::Column(star.keys[d].1.clone()), plan)?;
-                let groups = star.groups.iter().enumerate().filter(|(_, (g, _))| *g == d).map(|(i, (_, e))| Ok((i, expr(e, plan)?))).collect::<Result<Vec<_>>>()?;
-                Ok(StarDimensionPlan { plan: Arc::clone(&physical_inputs[1 + d]), key, groups })
+                let (positions, groups): (Vec<usize>, Vec<_>) = star.groups.iter().enumerate().filter(|(_, (g, _))| *g == d).map(|(i, (_, e))| Ok((i, expr(e, plan)?))).collect::<Result<Vec<_>>>()?.into_iter().unzip();
+                let label = key.to_string();
+                let plan = Arc::new(StarDimensionExec::try_new(Arc::clone(&physical_inputs[1 + d]), key, groups)?);
+                Ok(StarDimensionPlan { plan, key: label, positions })
             })
             .collect::<Result<Vec<_>>>()?;
         let fallback = Arc::clone(physical_inputs.last().expect("the fallback"));

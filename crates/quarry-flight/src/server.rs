@@ -226,7 +226,15 @@ impl FlightService for NodeService {
     }
 
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        let fragment = decode_ticket(request.into_inner().ticket).map_err(Status::invalid_argument)?;
+        let ticket = request.into_inner().ticket;
+        // The ticket crossed the link too, toward the node (a star probe's tables, a join's key
+        // sets): it is counted with the bytes that come back, and paced as they are.
+        let ticket_bytes = ticket.len() as u64;
+        let fragment = decode_ticket(ticket).map_err(Status::invalid_argument)?;
+        let ticket_wait_ns = match self.node.link_limiter() {
+            Some(link) => link.consume(ticket_bytes).await.as_nanos() as u64,
+            None => 0,
+        };
         let codec = fragment.link_codec;
         let options = IpcWriteOptions::default().try_with_compression(codec.ipc()).map_err(|e| Status::internal(e.to_string()))?;
         // Compressed batches are paced here, on the bytes sent (the node does not pace them).
@@ -282,12 +290,15 @@ impl FlightService for NodeService {
             match stats {
                 Some(mut stats) => {
                     let (bytes, waited, data_messages) = *sent.lock().expect("sent lock");
+                    let counted = stats.link_bytes;
                     if codec != LinkCodec::None {
                         // What crossed the link is what was encoded, compressed.
-                        node.record_link_compression(stats.link_bytes, bytes);
                         stats.link_bytes = bytes;
                         stats.link_wait_ns += waited;
                     }
+                    stats.link_bytes += ticket_bytes;
+                    stats.link_wait_ns += ticket_wait_ns;
+                    node.correct_link_bytes(counted, stats.link_bytes);
                     Ok(report(FragmentReport::Finished { stats, data_messages }))
                 }
                 None => Err(Status::internal("fragment ended without statistics")),

@@ -221,8 +221,9 @@ async fn read_segment_serves_exactly_the_stored_bytes() {
 }
 
 /// A fragment's batches cross the link compressed when the host asks: the same rows under every
-/// codec, the compressed ones in fewer bytes (counted as sent: `link_bytes`), the Arrow bytes
-/// unchanged; a ticket naming a codec the node does not know is refused.
+/// codec, the compressed ones in fewer bytes (counted as sent: `link_bytes`, with the ticket that
+/// crossed the other way), the Arrow bytes unchanged; a ticket naming a codec the node does not
+/// know is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -235,9 +236,11 @@ async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
     let predicate = Arc::new(BinaryExpr::new(Arc::new(Column::new("id", 0)), Operator::GtEq, lit(0i64)));
     let plan: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(predicate, scan).unwrap());
     let mut results = Vec::new();
+    let mut ticket_bytes = 0;
     for codec in LinkCodec::ALL {
         let mut fragment = encode_fragment(Arc::clone(&plan)).unwrap();
         fragment.link_codec = codec;
+        ticket_bytes = quarry_flight::wire::encode_ticket(&fragment).len() as u64;
         let messages = run(&node, fragment).await.unwrap();
         let batches: Vec<RecordBatch> = messages.iter().filter_map(|m| if let ScanMessage::Batch(b) = m { Some(b.clone()) } else { None }).collect();
         let Some(ScanMessage::Finished(stats)) = messages.last() else { panic!("{codec:?}: no closing statistics") };
@@ -245,7 +248,8 @@ async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
     }
     let (_, plain_rows, plain) = &results[0];
     assert_eq!(plain_rows.num_rows(), 1000);
-    assert_eq!(plain.link_bytes, plain.bytes_returned, "uncompressed: the Arrow bytes cross");
+    assert!(ticket_bytes > 0);
+    assert_eq!(plain.link_bytes, plain.bytes_returned + ticket_bytes, "uncompressed: the Arrow bytes cross, and the ticket");
     for (codec, rows, stats) in &results[1..] {
         assert_eq!(rows, plain_rows, "{codec:?} changed the rows");
         assert_eq!(stats.bytes_returned, plain.bytes_returned, "{codec:?}");

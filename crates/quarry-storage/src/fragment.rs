@@ -36,7 +36,7 @@ use quarry_table::PageEncoding;
 use crate::api::{Fragment, LinkCodec, ScanLeaf};
 use crate::key_set::{KeySet, KeySetExpr};
 use crate::node_ops::{NodeOp, refusal};
-use crate::star::{StarProbeExec, decode_probe, encode_probe};
+use crate::star::{StarDimensionExec, StarProbeExec, decode_probe, encode_probe};
 
 /// A fragment's leaf: what a node scans. On the host it is a template the fragment's executor
 /// fills with each partition's segments; on the node it is bound to a real scan before running.
@@ -175,6 +175,7 @@ pub type LeafResolver = Arc<dyn Fn(&ScanLeaf) -> Result<SchemaRef> + Send + Sync
 
 /// The first byte of an encoded star probe (a scan leaf's encoding is JSON, starting with `{`).
 const STAR_PROBE_TAG: u8 = b'S';
+const STAR_DIMENSION_TAG: u8 = b'D';
 
 /// The first byte of an encoded key set expression.
 const KEY_SET_TAG: u8 = b'K';
@@ -202,13 +203,16 @@ impl PhysicalExtensionCodec for LeafCodec {
         ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if let Some((&STAR_PROBE_TAG, payload)) = buf.split_first() {
-            let [input] = inputs else { return plan_err!("fragment: a star probe needs one input") };
+        if let Some((&tag @ (STAR_PROBE_TAG | STAR_DIMENSION_TAG), payload)) = buf.split_first() {
+            let [input] = inputs else { return plan_err!("fragment: a star probe or dimension needs one input") };
             let input_schema = input.schema();
             let decode_expr = |bytes: &[u8]| {
                 let node = PhysicalExprNode::decode(bytes).map_err(|e| plan_datafusion_err!("fragment: malformed expression: {e}"))?;
                 parse_physical_expr(&node, ctx, &input_schema, self)
             };
+            if tag == STAR_DIMENSION_TAG {
+                return Ok(Arc::new(StarDimensionExec::decode(payload, Arc::clone(input), &decode_expr)?));
+            }
             return Ok(Arc::new(decode_probe(payload, Arc::clone(input), &decode_expr)?));
         }
         if !inputs.is_empty() {
@@ -234,6 +238,12 @@ impl PhysicalExtensionCodec for LeafCodec {
             let encode_expr = |expr: &Arc<dyn PhysicalExpr>| Ok(serialize_physical_expr_with_converter(expr, self, proto_converter)?.encode_to_vec());
             buf.push(STAR_PROBE_TAG);
             buf.extend(encode_probe(probe, self.planning, &encode_expr)?);
+            return Ok(());
+        }
+        if let Some(dimension) = node.downcast_ref::<StarDimensionExec>() {
+            let encode_expr = |expr: &Arc<dyn PhysicalExpr>| Ok(serialize_physical_expr_with_converter(expr, self, proto_converter)?.encode_to_vec());
+            buf.push(STAR_DIMENSION_TAG);
+            buf.extend(dimension.encode(&encode_expr)?);
             return Ok(());
         }
         plan_err!("operator {} cannot be shipped to a storage node", node.name())
@@ -339,7 +349,7 @@ pub fn validate_fragment(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
                 }
             }
         }
-        NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe => {
+        NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe | NodeOp::StarDimension => {
             check_plan_columns(plan, plan.children()[0].schema().as_ref())?;
         }
     }

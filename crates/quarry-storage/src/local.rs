@@ -361,10 +361,10 @@ impl LocalStorageNode {
         &self.warehouse
     }
 
-    /// Corrects the bytes a finished fragment sent over the link in the totals, when the
-    /// service compressed its batches after the fragment counted them (`counted` Arrow bytes
-    /// became `crossed` compressed bytes).
-    pub fn record_link_compression(&self, counted: u64, crossed: u64) {
+    /// Corrects the bytes a finished fragment moved over the link in the totals, once the
+    /// service knows what crossed: its batches compressed after the fragment counted them, and
+    /// the ticket that came the other way (`counted` bytes became `crossed`).
+    pub fn correct_link_bytes(&self, counted: u64, crossed: u64) {
         let total = self.counters.total(scan_counter::LINK_BYTES);
         // The fragment added `counted` when it finished, before the service saw its end.
         total.fetch_add(crossed, Ordering::Relaxed);

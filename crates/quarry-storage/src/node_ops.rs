@@ -14,7 +14,7 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::fragment::ScanLeafExec;
-use crate::star::StarProbeExec;
+use crate::star::{StarDimensionExec, StarProbeExec};
 
 /// An operator a storage node runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,10 +34,12 @@ pub enum NodeOp {
     Join,
     /// A `StarProbeExec`: the fact side of a star join.
     StarProbe,
+    /// A `StarDimensionExec`: a star join's dimension, built into keys and group codes.
+    StarDimension,
 }
 
 /// Every node operator, for tests and documentation that walk the list.
-pub const NODE_OPS: [NodeOp; 7] = [NodeOp::Scan, NodeOp::Filter, NodeOp::Projection, NodeOp::PartialAggregate, NodeOp::TopK, NodeOp::Join, NodeOp::StarProbe];
+pub const NODE_OPS: [NodeOp; 8] = [NodeOp::Scan, NodeOp::Filter, NodeOp::Projection, NodeOp::PartialAggregate, NodeOp::TopK, NodeOp::Join, NodeOp::StarProbe, NodeOp::StarDimension];
 
 /// The join types a node runs: those placement has a cost for and the tests cover. A
 /// null-aware anti join (`NOT IN`) is not per-partition, so it cannot be a Grace join.
@@ -60,6 +62,8 @@ impl NodeOp {
             (NODE_JOIN_TYPES.contains(join.join_type()) && !join.null_aware).then_some(NodeOp::Join)
         } else if plan.is::<StarProbeExec>() {
             Some(NodeOp::StarProbe)
+        } else if plan.is::<StarDimensionExec>() {
+            Some(NodeOp::StarDimension)
         } else {
             None
         }
@@ -75,6 +79,7 @@ impl NodeOp {
             NodeOp::TopK => "top-k",
             NodeOp::Join => "join",
             NodeOp::StarProbe => "star probe",
+            NodeOp::StarDimension => "star dimension",
         }
     }
 
@@ -83,7 +88,7 @@ impl NodeOp {
         match self {
             NodeOp::Scan => 0,
             NodeOp::Join => 2,
-            NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe => 1,
+            NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarProbe | NodeOp::StarDimension => 1,
         }
     }
 }

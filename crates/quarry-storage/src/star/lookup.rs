@@ -5,6 +5,7 @@ use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::DataType;
 use datafusion::common::{DataFusionError, HashMap, Result, plan_err};
 
+use super::key_codes;
 use super::wire::{WireReader, WireWriter};
 use crate::page_reader::NO_CODE;
 
@@ -96,11 +97,6 @@ impl DenseCodes {
             DenseCodes::U16(codes) => codes.len(),
             DenseCodes::U32(codes) => codes.len(),
         }
-    }
-
-    /// Each slot's code or [`NO_CODE`], as `u32`s (the wire's form of codes wider than a byte).
-    fn widened(&self) -> Vec<u32> {
-        (0..self.slots() as u64).map(|slot| self.get(slot)).collect()
     }
 
     /// The first and last slot with a code, if one has.
@@ -258,25 +254,52 @@ impl KeyLookup {
         }
         let ints = int_values(keys)?;
         let present: Vec<(i64, u32)> = ints.iter().zip(codes).filter_map(|(k, &c)| k.map(|k| (k, c))).collect();
-        let Some((min, max)) = key_bounds(&present) else { return Ok(Built::Unique(KeyLookup::Ints(HashMap::new()))) };
+        Ok(match Self::from_int_pairs(&present) {
+            Ok(lookup) => Built::Unique(lookup),
+            Err(key) => Built::Duplicate(key.to_string()),
+        })
+    }
+
+    /// The lookup of integer `(key, code)` pairs in the form their number and range call for:
+    /// a dense table, else ranked or hashed ([`Self::sparse`]). The same pairs always make the
+    /// same form, so a lookup rebuilt from its pairs on a node is the host's. `Err` with a key
+    /// that repeats.
+    fn from_int_pairs(present: &[(i64, u32)]) -> std::result::Result<KeyLookup, i64> {
+        let Some((min, max)) = key_bounds(present) else { return Ok(KeyLookup::Ints(HashMap::new())) };
         let range = (max as i128 - min as i128 + 1) as u128;
         let dense = range <= DENSE_MAX_ENTRIES as u128
             && (range <= DENSE_ALWAYS_ENTRIES as u128 || present.len() as f64 >= DENSE_MIN_FILL * range as f64);
         if dense {
             let mut table = vec![NO_CODE; range as usize];
-            for &(key, code) in &present {
+            for &(key, code) in present {
                 let slot = &mut table[(key - min) as usize];
                 if *slot != NO_CODE {
-                    return Ok(Built::Duplicate(key.to_string()));
+                    return Err(key);
                 }
                 *slot = code;
             }
-            return Ok(Built::Unique(KeyLookup::Dense { min, codes: DenseCodes::narrow(table) }));
+            return Ok(KeyLookup::Dense { min, codes: DenseCodes::narrow(table) });
         }
-        Ok(match Self::sparse(&present, Some((min, max))) {
-            Ok(lookup) => Built::Unique(lookup),
-            Err(key) => Built::Duplicate(key.to_string()),
-        })
+        Self::sparse(present, Some((min, max)))
+    }
+
+    /// The `(key, code)` pairs of an integer lookup, in key order.
+    fn sorted_pairs(&self) -> Vec<(i64, u32)> {
+        match self {
+            KeyLookup::Dense { min, codes } => (0..codes.slots())
+                .filter_map(|slot| {
+                    let code = codes.get(slot as u64);
+                    (code != NO_CODE).then(|| (min.wrapping_add(slot as i64), code))
+                })
+                .collect(),
+            KeyLookup::Ranked(ranked) => ranked.keys().into_iter().zip(ranked.codes.iter().copied()).collect(),
+            KeyLookup::Ints(map) => {
+                let mut pairs: Vec<(i64, u32)> = map.iter().map(|(k, c)| (*k, *c)).collect();
+                pairs.sort_unstable();
+                pairs
+            }
+            KeyLookup::Strings(_) => Vec::new(),
+        }
     }
 
     /// The lookup of sparse integer `(key, code)` pairs: ranked where the bitmap over their
@@ -418,36 +441,20 @@ impl KeyLookup {
         Ok(())
     }
 
-    pub(super) fn encode(&self, out: &mut WireWriter) {
+    /// Writes the lookup, whose codes are below `groups`.
+    pub(super) fn encode(&self, out: &mut WireWriter, groups: u32) {
         match self {
-            // Bits and bytes travel as they are; wider codes as `u32`s, narrowed on arrival.
+            // One group's bits travel as they are; other integer keys as their pairs, compactly
+            // (`key_codes`), the node choosing the form from them as the host did.
             KeyLookup::Dense { min, codes: DenseCodes::Bits { words, slots } } => {
                 out.u8(3);
                 out.i64(*min);
                 out.u64(*slots as u64);
                 out.u64s(words);
             }
-            KeyLookup::Dense { min, codes: DenseCodes::U8(codes) } => {
-                out.u8(4);
-                out.i64(*min);
-                out.bytes(codes);
-            }
-            KeyLookup::Dense { min, codes } => {
-                out.u8(0);
-                out.i64(*min);
-                out.u32s(&codes.widened());
-            }
-            // Both travel as their pairs; the node chooses the form as the host did.
-            KeyLookup::Ranked(ranked) => {
-                out.u8(1);
-                out.i64s(&ranked.keys());
-                out.u32s(&ranked.codes);
-            }
-            KeyLookup::Ints(map) => {
-                out.u8(1);
-                let (keys, codes): (Vec<i64>, Vec<u32>) = map.iter().map(|(k, c)| (*k, *c)).unzip();
-                out.i64s(&keys);
-                out.u32s(&codes);
+            KeyLookup::Dense { .. } | KeyLookup::Ranked(_) | KeyLookup::Ints(_) => {
+                out.u8(5);
+                key_codes::encode(out, &self.sorted_pairs(), groups);
             }
             KeyLookup::Strings(map) => {
                 out.u8(2);
@@ -464,19 +471,6 @@ impl KeyLookup {
     pub(super) fn decode(input: &mut WireReader, groups: u32) -> Result<Self> {
         let check = |code: u32| if code < groups { Ok(code) } else { plan_err!("fragment: a dimension code {code} of {groups} groups") };
         match input.u8()? {
-            0 => {
-                let min = input.i64()?;
-                let codes = input.u32s()?;
-                if codes.len() > DENSE_MAX_ENTRIES {
-                    return plan_err!("fragment: a dense dimension of {} entries", codes.len());
-                }
-                for &c in &codes {
-                    if c != NO_CODE {
-                        check(c)?;
-                    }
-                }
-                Ok(KeyLookup::Dense { min, codes: DenseCodes::narrow(codes) })
-            }
             3 => {
                 let min = input.i64()?;
                 let slots = input.u64()?;
@@ -492,27 +486,9 @@ impl KeyLookup {
                 }
                 Ok(KeyLookup::Dense { min, codes: DenseCodes::Bits { words, slots: slots as usize } })
             }
-            4 => {
-                let min = input.i64()?;
-                let codes = input.bytes()?;
-                if codes.len() > DENSE_MAX_ENTRIES {
-                    return plan_err!("fragment: a dense dimension of {} entries", codes.len());
-                }
-                for &c in codes {
-                    if c != u8::MAX {
-                        check(c as u32)?;
-                    }
-                }
-                Ok(KeyLookup::Dense { min, codes: DenseCodes::U8(codes.to_vec()) })
-            }
-            1 => {
-                let keys = input.i64s()?;
-                let codes = input.u32s()?;
-                if keys.len() != codes.len() {
-                    return plan_err!("fragment: a dimension with {} keys and {} codes", keys.len(), codes.len());
-                }
-                let pairs = keys.into_iter().zip(codes).map(|(k, c)| Ok((k, check(c)?))).collect::<Result<Vec<_>>>()?;
-                Self::sparse(&pairs, key_bounds(&pairs)).or_else(|key| plan_err!("fragment: dimension key {key} appears twice"))
+            5 => {
+                let pairs = key_codes::decode(input, groups)?;
+                Self::from_int_pairs(&pairs).or_else(|key| plan_err!("fragment: dimension key {key} appears twice"))
             }
             2 => {
                 let count = input.len_prefix()?;
@@ -559,7 +535,7 @@ pub fn supported_key_type(data_type: &DataType) -> bool {
     is_string(data_type) || int_type(data_type)
 }
 
-fn is_string(data_type: &DataType) -> bool {
+pub(super) fn is_string(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8)
 }
 
@@ -583,7 +559,7 @@ pub fn int_key_range(data_type: &DataType) -> Option<(i64, i64)> {
 }
 
 /// An integer key column as `i64`s (`None` for NULL).
-fn int_values(keys: &ArrayRef) -> Result<Vec<Option<i64>>> {
+pub(super) fn int_values(keys: &ArrayRef) -> Result<Vec<Option<i64>>> {
     if !int_type(keys.data_type()) {
         return Err(DataFusionError::Internal(format!("a star join key of type {}", keys.data_type())));
     }
@@ -697,7 +673,7 @@ mod tests {
             assert_eq!([i64::MIN, 999, 401_000, i64::MAX].map(|k| code_of(&lookup, k)), [NO_CODE; 4], "{groups} groups");
             assert_eq!((lookup.len(), lookup.bounds()), (200_000, KeyBounds::Within(1_000, 400_998)), "{groups} groups");
             let mut out = WireWriter::default();
-            lookup.encode(&mut out);
+            lookup.encode(&mut out, groups);
             assert_eq!(KeyLookup::decode(&mut WireReader::new(&out.finish()), groups).unwrap(), lookup, "{groups} groups over the wire");
         }
     }
@@ -726,7 +702,7 @@ mod tests {
             let codes: Vec<u32> = [0, 2, 1].into_iter().cycle().take(keys.len()).collect();
             let lookup = unique(KeyLookup::build(&keys, &codes).unwrap());
             let mut out = WireWriter::default();
-            lookup.encode(&mut out);
+            lookup.encode(&mut out, 3);
             let bytes = out.finish();
             assert_eq!(KeyLookup::decode(&mut WireReader::new(&bytes), 3).unwrap(), lookup);
             assert!(KeyLookup::decode(&mut WireReader::new(&bytes), 2).is_err(), "code 2 of 2 groups");
@@ -737,7 +713,7 @@ mod tests {
             let lookup = unique(KeyLookup::build(&keys, &vec![0; keys.len()]).unwrap());
             assert_eq!(lookup.kind(), "bitmap");
             let mut out = WireWriter::default();
-            lookup.encode(&mut out);
+            lookup.encode(&mut out, 1);
             let bytes = out.finish();
             assert_eq!(KeyLookup::decode(&mut WireReader::new(&bytes), 1).unwrap(), lookup);
             assert!(KeyLookup::decode(&mut WireReader::new(&bytes), 0).is_err(), "code 0 of no groups");

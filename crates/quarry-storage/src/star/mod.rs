@@ -17,6 +17,8 @@
 //! inside the fragment ([`encode_probe`], [`decode_probe`]).
 
 mod accumulate;
+mod dimension;
+mod key_codes;
 mod lookup;
 mod scan;
 mod wire;
@@ -39,6 +41,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Exe
 use futures::StreamExt;
 
 pub use accumulate::{AggFunc, Domain, GroupedStates, partial_schema};
+pub use dimension::{Assembled, StarDimensionExec, assemble};
 pub use lookup::{Built, KeyBounds, KeyLookup, supported_key_type};
 use lookup::int_key_range;
 pub use scan::StarScanExec;
@@ -99,7 +102,7 @@ impl StarTables {
         out.u64(self.dims.len() as u64);
         for dim in &self.dims {
             out.u32(dim.groups);
-            dim.lookup.encode(out);
+            dim.lookup.encode(out, dim.groups);
         }
         out.u32s(&self.order.iter().map(|&o| o as u32).collect::<Vec<_>>());
     }
