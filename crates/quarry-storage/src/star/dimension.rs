@@ -164,11 +164,12 @@ impl ExecutionPlan for StarDimensionExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let (key, groups, schema, input_schema) = (Arc::clone(&self.key), self.groups.clone(), Arc::clone(&self.schema), self.input.schema());
         let output = futures::stream::once(async move {
-            // The dimension's rows are held until all have come: reserved before they are kept.
+            // The dimension's rows are held until all have come: reserved before they are kept,
+            // at the bytes they address (batches sliced from one buffer would count it each).
             let mut batches = Vec::new();
             while let Some(batch) = input.next().await {
                 let batch = batch?;
-                reservation.try_grow(batch.get_array_memory_size())?;
+                reservation.try_grow(crate::api::batch_wire_bytes(&batch) as usize)?;
                 batches.push(batch);
             }
             let _timer = baseline.elapsed_compute().timer();
