@@ -2,7 +2,8 @@
 //!
 //! [`PlacementRule`] is the first physical optimizer rule. Walking the plan bottom-up, it looks at
 //! each operator directly above a [`FragmentExec`] that a node can run (a filter, a projection, a
-//! partial aggregation, a top-k sort, a join of two tables on one node) and either pushes it
+//! partial aggregation, a top-k sort, a star join's probe or dimension, a join of two tables on
+//! one node) and either pushes it
 //! into the fragment or leaves it on the host. Under `--pushdown auto` it compares predicted
 //! times from a cost model fed by each node's device profile (internal read bandwidth, link
 //! bandwidth, threads, compute slowdown), this machine's calibrated operator costs and
@@ -404,8 +405,8 @@ impl PlacementRule {
     /// `admission.rs`): each node operator's memory weighted by its predicted share of the
     /// time, with the rows [`rows`] estimates spread evenly over the partitions. Memory: a
     /// scan's batches in flight (two), a filter's, projection's or star probe's batch, a partial
-    /// aggregate's groups (its output, twice: hash table and states), a top-k's rows, a join's
-    /// build side in memory ([`in_memory_cost`]).
+    /// aggregate's groups (its output, twice: hash table and states), a top-k's rows, a star
+    /// dimension's rows, a join's build side in memory ([`in_memory_cost`]).
     fn demand(&self, fragment: &FragmentExec) -> u64 {
         let share = 1.0 / fragment.partitions().len().max(1) as f64;
         let batch_rows = self.decode_ctx.session_config().batch_size() as f64;
