@@ -806,12 +806,7 @@ impl KeyColumn {
     fn all_values(&self) -> Result<ArrayRef> {
         let mut parts: Vec<&dyn Array> = self.values.iter().map(|v| v.as_ref()).collect();
         parts.extend(self.pending.iter().map(|p| p.as_ref()));
-        let values = arrow::compute::concat(&parts)?;
-        Ok(match values.data_type() {
-            DataType::Utf8View => Arc::new(values.as_string_view().gc()),
-            DataType::BinaryView => Arc::new(values.as_binary_view().gc()),
-            _ => values,
-        })
+        Ok(quarry_storage::star::gc_views(&arrow::compute::concat(&parts)?))
     }
 
     /// The values of `codes`.

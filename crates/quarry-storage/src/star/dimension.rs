@@ -209,16 +209,18 @@ fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
     if !batch.columns().iter().any(wasteful) {
         return Ok(batch);
     }
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|c| match c.data_type() {
-            DataType::Utf8View if wasteful(c) => Arc::new(c.as_string_view().gc()) as ArrayRef,
-            DataType::BinaryView if wasteful(c) => Arc::new(c.as_binary_view().gc()) as ArrayRef,
-            _ => Arc::clone(c),
-        })
-        .collect();
+    let columns = batch.columns().iter().map(|c| if wasteful(c) { gc_views(c) } else { Arc::clone(c) }).collect();
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// A string or binary view array copied out of the buffers it points into, holding only its
+/// own bytes; any other array as it is.
+pub fn gc_views(array: &ArrayRef) -> ArrayRef {
+    match array.data_type() {
+        DataType::Utf8View => Arc::new(array.as_string_view().gc()),
+        DataType::BinaryView => Arc::new(array.as_binary_view().gc()),
+        _ => Arc::clone(array),
+    }
 }
 
 /// A piece of `rows`: its groups numbered, one output row each (one, without values, where
