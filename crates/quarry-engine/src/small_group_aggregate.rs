@@ -806,7 +806,7 @@ impl KeyColumn {
     fn all_values(&self) -> Result<ArrayRef> {
         let mut parts: Vec<&dyn Array> = self.values.iter().map(|v| v.as_ref()).collect();
         parts.extend(self.pending.iter().map(|p| p.as_ref()));
-        Ok(quarry_storage::star::gc_views(&arrow::compute::concat(&parts)?))
+        Ok(quarry_storage::view_compaction::gc_views(&arrow::compute::concat(&parts)?))
     }
 
     /// The values of `codes`.

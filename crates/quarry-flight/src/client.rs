@@ -22,12 +22,13 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use quarry_storage::graph_job::{GraphJob, GraphJobOutput};
+use quarry_storage::view_compaction::link_batches;
 use quarry_storage::{BeginWrite, Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::auth::TokenAttach;
-use crate::wire::{CommitWrite, FragmentReport, PutSegment, TableInfoWire, action, decode_sequence, decode_stored_chunk, encode_ticket};
+use crate::wire::{CommitWrite, FragmentReport, LINK_MESSAGE_BYTES, PutSegment, TableInfoWire, action, decode_sequence, decode_stored_chunk, encode_ticket};
 
 type Client = FlightServiceClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -211,9 +212,14 @@ impl StorageNode for RemoteStorageNode {
         // cut short, which the error makes the caller abort.
         let failed: Arc<Mutex<Option<DataFusionError>>> = Arc::default();
         let slot = Arc::clone(&failed);
+        let batches = batches
+            .and_then(|batch| futures::future::ready(link_batches(batch, LINK_MESSAGE_BYTES / 2)))
+            .map_ok(|pieces| futures::stream::iter(pieces.into_iter().map(Ok::<_, DataFusionError>)))
+            .try_flatten();
         let data = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .with_flight_descriptor(Some(FlightDescriptor::new_cmd(descriptor)))
+            .with_max_flight_data_size(LINK_MESSAGE_BYTES)
             .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))))
             .scan((), move |_, item| {
                 futures::future::ready(match item {

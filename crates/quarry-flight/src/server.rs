@@ -31,12 +31,13 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{LinkCodec, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
 use quarry_storage::graph_job::GraphJob;
+use quarry_storage::view_compaction::link_batches;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::TokenCheck;
-use crate::wire::{
+use crate::wire::{LINK_MESSAGE_BYTES, 
     BeginWrite, CommitWrite, FragmentReport, PutSegment, STORED_BYTES_CHUNK, TableInfoWire, action, decode_ticket, encode_sequence, encode_stored_chunk,
 };
 
@@ -256,12 +257,17 @@ impl FlightService for NodeService {
                         }
                     }
                 }
-            });
+            })
+            // View columns copied out of the buffers they share, or IPC would send those whole.
+            .and_then(|batch| async move { link_batches(batch, LINK_MESSAGE_BYTES / 2).map_err(|e| FlightError::Tonic(Box::new(status(e)))) })
+            .map_ok(|pieces| futures::stream::iter(pieces.into_iter().map(Ok)))
+            .try_flatten();
         // Bytes encoded, nanoseconds waited for the link, data messages numbered.
         let sent: Arc<Mutex<(u64, u64, u64)>> = Arc::default();
         let sent_slot = Arc::clone(&sent);
         let encoded = FlightDataEncoderBuilder::new()
             .with_options(options)
+            .with_max_flight_data_size(LINK_MESSAGE_BYTES)
             .build(batches)
             .map_err(|e| match e {
                 FlightError::Tonic(status) => *status,
@@ -291,9 +297,10 @@ impl FlightService for NodeService {
                 Some(mut stats) => {
                     let (bytes, waited, data_messages) = *sent.lock().expect("sent lock");
                     let counted = stats.link_bytes;
+                    // What crossed the link is what was encoded (compressed or not); the node
+                    // paced uncompressed batches itself, compressed ones were paced here.
+                    stats.link_bytes = bytes;
                     if codec != LinkCodec::None {
-                        // What crossed the link is what was encoded, compressed.
-                        stats.link_bytes = bytes;
                         stats.link_wait_ns += waited;
                     }
                     stats.link_bytes += ticket_bytes;

@@ -142,6 +142,11 @@ pub fn decode_stored_chunk(chunk: bytes::Bytes) -> Option<(u64, bytes::Bytes)> {
 /// message limit).
 pub const STORED_BYTES_CHUNK: usize = 1 << 20;
 
+/// Bytes of Arrow data per Flight message at most (arrow-flight's default, stated). Batches are
+/// cut to half of it before they are encoded (`view_compaction::link_batches`), so that the
+/// encoder's own split, which would send view columns' buffers with every slice, never runs.
+pub const LINK_MESSAGE_BYTES: usize = 2 << 20;
+
 /// [`TableInfo`] on the wire.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct TableInfoWire {

@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
+use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, take_record_batch};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
@@ -49,6 +49,7 @@ use datafusion::physical_plan::{SendableRecordBatchStream, StatisticsArgs, Stati
 use futures::stream::BoxStream;
 
 use crate::blocking::blocking;
+use crate::view_compaction::compact_views;
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 
 /// How many times a build partition that is still over the budget is split again; past that
@@ -591,6 +592,7 @@ impl Router {
         }
         let mut refused = false;
         for (partition, rows) in indices.into_iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
+            // A taken part would otherwise keep (and spill) all of the batch's string bytes.
             let part = compact_views(take_record_batch(batch, &UInt32Array::from(rows))?)?;
             // Rows the pool refuses are written out at once, with what is buffered.
             refused |= self.reservation.try_grow(get_record_batch_memory_size(&part)).is_err();
@@ -630,20 +632,6 @@ impl Router {
         let files = self.writers.into_iter().zip(self.paths).zip(self.rows);
         files.map(|((writer, path), rows)| writer.map(|writer| close(writer, path, rows)).transpose()).collect()
     }
-}
-
-/// Copies the strings a view column still uses into buffers of their own: after a `take`, each
-/// partition's rows would keep (and spill) all of the input batch's string data.
-fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
-    if !batch.columns().iter().any(|column| matches!(column.data_type(), DataType::Utf8View | DataType::BinaryView)) {
-        return Ok(batch);
-    }
-    let columns = batch.columns().iter().map(|column| match column.data_type() {
-        DataType::Utf8View => Arc::new(column.as_string_view().gc()) as ArrayRef,
-        DataType::BinaryView => Arc::new(column.as_binary_view().gc()) as ArrayRef,
-        _ => Arc::clone(column),
-    });
-    Ok(RecordBatch::try_new(batch.schema(), columns.collect())?)
 }
 
 type SpillBatches = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;

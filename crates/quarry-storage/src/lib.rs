@@ -24,6 +24,7 @@ pub mod plan_metrics;
 pub mod profile;
 pub mod star;
 pub mod verified_store;
+pub mod view_compaction;
 
 pub use api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentColumn, SegmentInfo, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};

@@ -30,6 +30,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Exe
 use futures::StreamExt;
 
 use super::key_codes;
+use crate::view_compaction::compact_views;
 use super::lookup::{int_values, is_string, supported_key_type};
 use super::wire::{WireReader, WireWriter};
 
@@ -168,6 +169,8 @@ impl ExecutionPlan for StarDimensionExec {
             // at the bytes they address (batches sliced from one buffer would count it each).
             let mut batches = Vec::new();
             while let Some(batch) = input.next().await {
+                // A join's output points into its inputs' string buffers: TPC-H Q10's customer
+                // dimension, joined on a node, concatenated 184 batches' references into 24 GB.
                 let batch = compact_views(batch?)?;
                 reservation.try_grow(crate::api::batch_wire_bytes(&batch) as usize)?;
                 batches.push(batch);
@@ -188,38 +191,6 @@ impl ExecutionPlan for StarDimensionExec {
 
     fn statistics_from_inputs(&self, _input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
         Ok(Arc::new(Statistics::new_unknown(&self.schema)))
-    }
-}
-
-/// `batch` with each string or binary view column copied out of the buffers it points into
-/// where they hold over twice its bytes: a join's output batches point into its inputs'
-/// buffers, and TPC-H Q10's customer dimension, joined on a node, concatenated 184 batches'
-/// references into 24 GB.
-fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
-    let wasteful = |array: &ArrayRef| -> bool {
-        let (views, buffers): (&[u128], &[arrow::buffer::Buffer]) = match array.data_type() {
-            DataType::Utf8View => (array.as_string_view().views(), array.as_string_view().data_buffers()),
-            DataType::BinaryView => (array.as_binary_view().views(), array.as_binary_view().data_buffers()),
-            _ => return false,
-        };
-        let held: usize = buffers.iter().map(|b| b.len()).sum();
-        let used: usize = views.iter().map(|&v| v as u32 as usize).filter(|&len| len > 12).sum();
-        held > 2 * used + (64 << 10)
-    };
-    if !batch.columns().iter().any(wasteful) {
-        return Ok(batch);
-    }
-    let columns = batch.columns().iter().map(|c| if wasteful(c) { gc_views(c) } else { Arc::clone(c) }).collect();
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
-}
-
-/// A string or binary view array copied out of the buffers it points into, holding only its
-/// own bytes; any other array as it is.
-pub fn gc_views(array: &ArrayRef) -> ArrayRef {
-    match array.data_type() {
-        DataType::Utf8View => Arc::new(array.as_string_view().gc()),
-        DataType::BinaryView => Arc::new(array.as_binary_view().gc()),
-        _ => Arc::clone(array),
     }
 }
 
@@ -568,21 +539,5 @@ mod tests {
             assert!(assemble(&damaged, 1).is_err(), "{damaged:?}");
         }
         assert!(assemble(&whole, 2).is_err(), "the wrong number of grouped expressions");
-    }
-
-    /// A dimension's rows that point into a larger batch's strings (a join's output) are kept at
-    /// their own bytes; rows that use their buffers are kept as they are.
-    #[test]
-    fn rows_pointing_into_larger_buffers_are_compacted() {
-        use arrow::array::StringViewArray;
-        let strings: ArrayRef = Arc::new(StringViewArray::from_iter_values((0..10_000).map(|i| format!("a string longer than twelve bytes, number {i}"))));
-        let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8View, false)]));
-        let held = |batch: &RecordBatch| batch.column(0).as_string_view().data_buffers().iter().map(|b| b.len()).sum::<usize>();
-        let whole = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::clone(&strings)]).unwrap();
-        assert_eq!(held(&compact_views(whole.clone()).unwrap()), held(&whole), "a batch using its buffers is kept");
-        let few = whole.slice(100, 10);
-        let compacted = compact_views(few.clone()).unwrap();
-        assert!(held(&few) > 400_000 && held(&compacted) < 1_000, "{} bytes held for 10 strings", held(&compacted));
-        assert_eq!(compacted.column(0).as_string_view().value(3), few.column(0).as_string_view().value(3));
     }
 }

@@ -41,7 +41,7 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Exe
 use futures::StreamExt;
 
 pub use accumulate::{AggFunc, Domain, GroupedStates, partial_schema};
-pub use dimension::{Assembled, StarDimensionExec, assemble, gc_views};
+pub use dimension::{Assembled, StarDimensionExec, assemble};
 pub use lookup::{Built, KeyBounds, KeyLookup, supported_key_type};
 use lookup::int_key_range;
 pub use scan::StarScanExec;
