@@ -336,14 +336,7 @@ impl PlacementRule {
             PushdownMode::Off => (false, "forced by --pushdown off"),
             PushdownMode::Auto => match (self.objective, on_node.joules, on_host.joules) {
                 (Objective::Energy, Some(node), Some(host)) => (node < host, "energy"),
-                _ => {
-                    let pushed = if on_node.link_bytes * 2.0 > on_host.link_bytes {
-                        on_node.seconds < on_host.seconds * AUTO_MARGIN
-                    } else {
-                        on_node.seconds <= on_host.seconds * AUTO_TIE
-                    };
-                    (pushed, "cost")
-                }
+                _ => (auto_pushes(&on_node, &on_host), "cost"),
             },
         };
         Placement { operator, pushed, reason, on_node, on_host }
@@ -638,6 +631,16 @@ const AUTO_MARGIN: f64 = 0.9;
 /// in rounding: Q06's pushed aggregate was predicted 0.01 ms slower than the same work on the host).
 const AUTO_TIE: f64 = 1.01;
 
+/// Whether `--pushdown auto` runs an operator on the node, by time: it must win by
+/// [`AUTO_MARGIN`], or only tie ([`AUTO_TIE`]) where it at least halves the link's bytes.
+fn auto_pushes(on_node: &Prediction, on_host: &Prediction) -> bool {
+    if on_node.link_bytes * 2.0 > on_host.link_bytes {
+        on_node.seconds < on_host.seconds * AUTO_MARGIN
+    } else {
+        on_node.seconds <= on_host.seconds * AUTO_TIE
+    }
+}
+
 /// A `PageSelectExec`'s cost of gathering a column for the rows that pass, relative to
 /// decoding the column whole: row by row (a run search and a bit extraction each, about 4x a
 /// value decoded in bulk) while under a quarter of a page passes; above that it decodes the page
@@ -873,7 +876,24 @@ pub fn row_width(schema: &Schema) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::string_place;
+    use super::{Prediction, auto_pushes, string_place};
+
+    fn prediction(link_bytes: f64, seconds: f64) -> Prediction {
+        Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU" }
+    }
+
+    /// The node must win by 10%, unless it at least halves the link's bytes: then a tie (1%)
+    /// is enough (TPC-H Q06's partial aggregate, 891 ms either way, 0 against 437 MB).
+    #[test]
+    fn auto_pushes_by_a_margin_or_on_a_tie_that_halves_the_link() {
+        let host = prediction(437e6, 0.891);
+        assert!(auto_pushes(&prediction(0.0, 0.891), &host), "a tie that saves the link's bytes");
+        assert!(auto_pushes(&prediction(0.0, 0.895), &host), "within 1%");
+        assert!(!auto_pushes(&prediction(0.0, 0.91), &host), "2% slower");
+        assert!(!auto_pushes(&prediction(300e6, 0.85), &host), "a 5% gain that keeps most bytes");
+        assert!(auto_pushes(&prediction(300e6, 0.80), &host), "a 10% gain");
+        assert!(!auto_pushes(&prediction(300e6, 0.891), &host), "a tie that keeps most bytes");
+    }
 
     #[test]
     fn strings_are_placed_between_min_and_max_after_their_shared_prefix() {
