@@ -336,7 +336,10 @@ impl PlacementRule {
             PushdownMode::Off => (false, "forced by --pushdown off"),
             PushdownMode::Auto => match (self.objective, on_node.joules, on_host.joules) {
                 (Objective::Energy, Some(node), Some(host)) => (node < host, "energy"),
-                _ => (auto_pushes(&on_node, &on_host), "cost"),
+                _ => {
+                    let remote = on_node.devices.iter().any(|(name, _)| !self.in_process.contains(name));
+                    (auto_pushes(&on_node, &on_host, remote), "cost")
+                }
             },
         };
         Placement { operator, pushed, reason, on_node, on_host }
@@ -632,12 +635,17 @@ const AUTO_MARGIN: f64 = 0.9;
 const AUTO_TIE: f64 = 1.01;
 
 /// Whether `--pushdown auto` runs an operator on the node, by time: it must win by
-/// [`AUTO_MARGIN`], or only tie ([`AUTO_TIE`]) where it at least halves the link's bytes.
-fn auto_pushes(on_node: &Prediction, on_host: &Prediction) -> bool {
+/// [`AUTO_MARGIN`], or where it at least halves the bytes sent, win at all, or only tie
+/// ([`AUTO_TIE`]) when the node is `remote`. An embedded node's batches are handed over in
+/// memory, with no encoding to save, and a tie stays with the host's own operators (its
+/// small-group aggregate).
+fn auto_pushes(on_node: &Prediction, on_host: &Prediction, remote: bool) -> bool {
     if on_node.link_bytes * 2.0 > on_host.link_bytes {
         on_node.seconds < on_host.seconds * AUTO_MARGIN
-    } else {
+    } else if remote {
         on_node.seconds <= on_host.seconds * AUTO_TIE
+    } else {
+        on_node.seconds < on_host.seconds
     }
 }
 
@@ -882,17 +890,21 @@ mod tests {
         Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU" }
     }
 
-    /// The node must win by 10%, unless it at least halves the link's bytes: then a tie (1%)
-    /// is enough (TPC-H Q06's partial aggregate, 891 ms either way, 0 against 437 MB).
+    /// The node must win by 10%, unless it is remote and at least halves the link's bytes:
+    /// then a tie (1%) is enough (TPC-H Q06's partial aggregate, 891 ms either way, 0 against
+    /// 437 MB). An embedded node has no link to save.
     #[test]
     fn auto_pushes_by_a_margin_or_on_a_tie_that_halves_the_link() {
         let host = prediction(437e6, 0.891);
-        assert!(auto_pushes(&prediction(0.0, 0.891), &host), "a tie that saves the link's bytes");
-        assert!(auto_pushes(&prediction(0.0, 0.895), &host), "within 1%");
-        assert!(!auto_pushes(&prediction(0.0, 0.91), &host), "2% slower");
-        assert!(!auto_pushes(&prediction(300e6, 0.85), &host), "a 5% gain that keeps most bytes");
-        assert!(auto_pushes(&prediction(300e6, 0.80), &host), "a 10% gain");
-        assert!(!auto_pushes(&prediction(300e6, 0.891), &host), "a tie that keeps most bytes");
+        assert!(auto_pushes(&prediction(0.0, 0.891), &host, true), "a tie that saves the link's bytes");
+        assert!(auto_pushes(&prediction(0.0, 0.895), &host, true), "within 1%");
+        assert!(!auto_pushes(&prediction(0.0, 0.91), &host, true), "2% slower");
+        assert!(!auto_pushes(&prediction(300e6, 0.85), &host, true), "a 5% gain that keeps most bytes");
+        assert!(auto_pushes(&prediction(300e6, 0.80), &host, true), "a 10% gain");
+        assert!(!auto_pushes(&prediction(300e6, 0.891), &host, true), "a tie that keeps most bytes");
+        assert!(!auto_pushes(&prediction(0.0, 0.891), &host, false), "embedded: a tie stays on the host");
+        assert!(auto_pushes(&prediction(0.0, 0.88), &host, false), "embedded: a gain that saves the bytes");
+        assert!(!auto_pushes(&prediction(300e6, 0.85), &host, false), "embedded: a 5% gain that keeps most bytes");
     }
 
     #[test]
