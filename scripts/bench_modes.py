@@ -2,7 +2,7 @@
 """Is Quarry's default placement (``--pushdown auto``) as fast as the better of always and never?
 
     python3 scripts/bench_modes.py --suite ssb|tpch --warehouse DIR [--embedded | --node | --both] \
-        [--threads 2] [--repeat 3] [--max-ratio 1.10] [--queries q1.1,q2.1] [--json FILE]
+        [--threads 2] [--repeat 3] [--max-ratio 1.10] [--queries q1.1,q2.1] [--link-mbps N] [--json FILE]
 
 For every query file of queries/SUITE/ it runs Quarry in three modes:
 
@@ -18,7 +18,8 @@ timed runs. The modes are interleaved: one warm-up round (auto, on, off; not tim
 Placements (the same warehouse DIR):
     --embedded  (default) ``quarry --warehouse DIR ...``: the storage node runs inside the process
     --node      one ``quarry serve --warehouse DIR`` in its own process on a loopback port (as
-                quarry_py.StorageNodes starts it), queries run with ``--nodes URL``
+                quarry_py.StorageNodes starts it), queries run with ``--nodes URL``; with
+                --link-mbps N the node paces its link to N MB/s (``quarry serve --link-mbps``)
     --both      both, embedded first
 
 Per query it prints the three best times, which of on/off is faster, and auto / best(on, off).
@@ -61,10 +62,13 @@ def parse_args(argv=None):
     ap.add_argument("--max-ratio", type=float, default=1.10,
                     help="fail when auto's best time is above this times the better of on/off (default 1.10)")
     ap.add_argument("--queries", help="comma-separated query names (default: all of the suite)")
+    ap.add_argument("--link-mbps", type=float, help="the node's link bandwidth in MB/s (node placement; default unlimited)")
     ap.add_argument("--json", help="write the report to this file")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run (default 1800)")
     args = ap.parse_args(argv)
     args.placement = args.placement or "embedded"
+    if args.link_mbps is not None and args.placement == "embedded":
+        ap.error("--link-mbps paces a node's link: use it with --node or --both")
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     if args.threads < 1:
@@ -153,8 +157,9 @@ def bench_placement(args, placement: str, files: list[Path], tmp: Path) -> list[
     """All queries in one placement; prints a line per query as it finishes."""
     if placement == "embedded":
         return [bench_one(args, placement, ["--warehouse", str(args.warehouse)], path, tmp) for path in files]
-    with q.StorageNodes([args.warehouse], ["--threads", str(args.threads)]) as node:
-        print(f"storage node {node.arg} over {args.warehouse}", flush=True)
+    link = [] if args.link_mbps is None else ["--link-mbps", str(args.link_mbps)]
+    with q.StorageNodes([args.warehouse], ["--threads", str(args.threads), *link]) as node:
+        print(f"storage node {node.arg} over {args.warehouse}" + (f", link {args.link_mbps:g} MB/s" if link else ""), flush=True)
         host_dir = tmp / "host-warehouse"  # the host reads nothing locally
         host_dir.mkdir(exist_ok=True)
         base = ["--warehouse", str(host_dir), "--nodes", node.arg]
@@ -236,6 +241,7 @@ def main(argv=None) -> int:
             "suite": args.suite,
             "warehouse": str(Path(args.warehouse).resolve()),
             "threads": args.threads,
+            "link_mbps": args.link_mbps,
             "repeat": args.repeat,
             "max_ratio": args.max_ratio,
             "statistic": "best --stats wall_ms of the timed rounds after one warm-up round; modes interleaved",
