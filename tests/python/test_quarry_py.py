@@ -234,6 +234,17 @@ def test_bench_modes_verdict():
     assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
 
 
+def test_bench_modes_link_pacing_needs_a_node():
+    """--link-mbps paces `quarry serve`'s link: embedded has none, so it is refused there."""
+    import bench_modes as bm
+
+    args = bm.parse_args(["--suite", "tpch", "--warehouse", "wh", "--node", "--link-mbps", "125"])
+    assert args.placement == "node" and args.link_mbps == 125.0
+    assert bm.parse_args(["--suite", "tpch", "--warehouse", "wh", "--both"]).link_mbps is None
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--suite", "tpch", "--warehouse", "wh", "--link-mbps", "125"])
+
+
 def test_bench_layout_totals_and_failures():
     import bench_layout as bl
 
