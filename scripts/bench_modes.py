@@ -26,7 +26,8 @@ Per query it prints the three best times, which of on/off is faster, and auto / 
 Failures, all listed and making the exit status 1: a query whose auto time is more than
 --max-ratio (default 1.10) times the better of on and off; a mode that errors; a mode whose
 result values differ from auto's (quarry_py.compare_query_results, ordered when the query has a
-top-level ORDER BY). --json FILE records the command, git commit, binary, and every time.
+top-level ORDER BY). A line ends "same plan as on|off" when auto ran the operators the better
+mode ran, each on the same side (--stats `operators`): a ratio between them is the runs' noise. --json FILE records the command, git commit, binary, and every time.
 The binary is $QUARRY_BIN or target/release/quarry.
 """
 
@@ -95,7 +96,7 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
     """One warm-up round and ``repeat`` timed rounds of auto, on, off; then each mode's result
     (last run) against auto's. A mode that errors is not run again for this query."""
     runs = {m: {"times_ms": [], "process_ms": [], "best_ms": None, "spread": None, "error": None,
-                "match": None, "mismatch": None} for m in MODES}
+                "match": None, "mismatch": None, "plan": None} for m in MODES}
     outputs = {m: tmp / f"{m}.parquet" for m in MODES}
     for round_no in range(repeat + 1):
         for mode in MODES:
@@ -106,7 +107,9 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
                                      timeout=timeout)
             if run.error:
                 r["error"] = run.error
-            elif round_no > 0:
+                continue
+            r["plan"] = plan_shape(json.loads((tmp / "stats.json").read_text(encoding="utf-8")))
+            if round_no > 0:
                 r["times_ms"].append(run.wall_ms)
                 r["process_ms"].append(run.process_ms)
     for r in runs.values():
@@ -117,6 +120,12 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
     for p in outputs.values():
         p.unlink(missing_ok=True)
     return runs
+
+
+def plan_shape(stats: dict) -> list[str]:
+    """The operators a run executed, in plan order, each with the side it ran on (host or
+    storage), from its --stats: two runs of one query with equal shapes ran the same plan."""
+    return [f"{op['operator']}@{op['side']}" for op in stats["operators"]]
 
 
 def relabel(message: str, mode: str) -> str:
@@ -150,7 +159,8 @@ def verdict(runs: dict, max_ratio: float) -> dict:
         ratio = runs["auto"]["best_ms"] / timed[better]
         if ratio > max_ratio:
             failures.append(f"auto {ratio:.2f}x {better} > --max-ratio {max_ratio}")
-    return {"better": better, "auto_over_best": ratio, "failures": failures}
+    same = better is not None and runs["auto"]["plan"] is not None and runs["auto"]["plan"] == runs[better]["plan"]
+    return {"better": better, "auto_over_best": ratio, "same_plan_as_better": same, "failures": failures}
 
 
 def bench_placement(args, placement: str, files: list[Path], tmp: Path) -> list[dict]:
@@ -183,8 +193,9 @@ def query_line(e: dict) -> str:
 
     ratio = f"{e['auto_over_best']:5.2f}" if e["auto_over_best"] is not None else f"{'-':>5}"
     flag = "  FAIL: " + "; ".join(e["failures"]) if e["failures"] else ""
+    same = f"  same plan as {e['better']}" if e.get("same_plan_as_better") else ""
     return (f"{e['name']:6} {e['placement']:8} auto {ms('auto')}  on {ms('on')}  off {ms('off')} ms  "
-            f"better {e['better'] or '-':3}  auto/best {ratio}{flag}")
+            f"better {e['better'] or '-':3}  auto/best {ratio}{same}{flag}")
 
 
 def summarize(entries: list[dict]) -> dict:

@@ -222,7 +222,7 @@ def test_bench_modes_verdict():
     import bench_modes as bm
 
     def runs(auto, on, off, on_match=True, off_error=None):
-        mk = lambda best, match=True, error=None: {"best_ms": best, "match": match, "error": error}
+        mk = lambda best, match=True, error=None: {"best_ms": best, "match": match, "error": error, "plan": None}
         return {"auto": mk(auto), "on": mk(on, on_match), "off": mk(off, True, off_error)}
 
     v = bm.verdict(runs(10.0, 12.0, 9.5), max_ratio=1.10)
@@ -232,6 +232,23 @@ def test_bench_modes_verdict():
     v = bm.verdict(runs(10.0, 10.0, None, on_match=False, off_error="boom"), max_ratio=1.10)
     assert v["better"] == "on" and v["failures"] == ["off error: boom", "on result differs from auto"]
     assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
+    assert v["same_plan_as_better"] is False
+
+    # auto ran on's plan: the line says so, and the verdict is judged as before
+    stats = lambda *ops: {"operators": [{"operator": o, "side": side} for o, side in ops]}
+    pushed = bm.plan_shape(stats(("AggregateExec", "host"), ("FragmentExec", "storage"), ("FilterExec", "storage")))
+    kept = bm.plan_shape(stats(("AggregateExec", "host"), ("FilterExec", "host"), ("FragmentExec", "storage")))
+    assert pushed == ["AggregateExec@host", "FragmentExec@storage", "FilterExec@storage"] and pushed != kept
+    r = runs(11.5, 10.0, 30.0)
+    r["auto"]["plan"], r["on"]["plan"], r["off"]["plan"] = pushed, list(pushed), kept
+    v = bm.verdict(r, max_ratio=1.10)
+    assert v["same_plan_as_better"] and v["failures"] == ["auto 1.15x on > --max-ratio 1.1"]
+    line = bm.query_line({"name": "q06", "placement": "node", "modes": r, **v})
+    assert "same plan as on" in line and "FAIL" in line
+    r["auto"]["plan"] = kept
+    v = bm.verdict(r, max_ratio=1.10)
+    assert not v["same_plan_as_better"]
+    assert "same plan" not in bm.query_line({"name": "q06", "placement": "node", "modes": r, **v})
 
 
 def test_bench_modes_link_pacing_needs_a_node():
