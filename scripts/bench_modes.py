@@ -27,7 +27,8 @@ Failures, all listed and making the exit status 1: a query whose auto time is mo
 --max-ratio (default 1.10) times the better of on and off; a mode that errors; a mode whose
 result values differ from auto's (quarry_py.compare_query_results, ordered when the query has a
 top-level ORDER BY). A line ends "same plan as on|off" when auto ran the operators the better
-mode ran, each on the same side (--stats `operators`): a ratio between them is the runs' noise. --json FILE records the command, git commit, binary, and every time.
+mode ran, each on the same side (--stats `operators`): a ratio between them is the runs' noise.
+--json FILE records the command, git commit, binary, and every time.
 The binary is $QUARRY_BIN or target/release/quarry.
 """
 
@@ -108,7 +109,7 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
             if run.error:
                 r["error"] = run.error
                 continue
-            r["plan"] = plan_shape(json.loads((tmp / "stats.json").read_text(encoding="utf-8")))
+            r["plan"] = plan_shape(run.stats)
             if round_no > 0:
                 r["times_ms"].append(run.wall_ms)
                 r["process_ms"].append(run.process_ms)

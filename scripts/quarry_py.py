@@ -899,12 +899,14 @@ class SqlRun:
 
     ``wall_ms`` is the query's own time from ``--stats`` (parse, plan, execute, collect),
     ``process_ms`` the whole process as seen from outside (start-up, catalog, writing the
-    output); ``error`` is a one-line reason when the run failed (then ``wall_ms`` is None)."""
+    output); ``error`` is a one-line reason when the run failed (then ``wall_ms`` is None);
+    ``stats`` is the whole ``--stats`` report of a run that succeeded."""
 
     wall_ms: float | None
     process_ms: float
     error: str | None = None
     stderr: str = ""
+    stats: dict | None = None
 
 
 def error_line(stderr: str, returncode: int, limit: int = 300) -> str:
@@ -951,8 +953,8 @@ def timed_quarry_sql(
         return SqlRun(None, process_ms, f"exited 0 but wrote no {'stats' if not stats.is_file() else 'output'}",
                       proc.stderr[-4000:])
     with open(stats, encoding="utf-8") as f:
-        wall_ms = float(json.load(f)["wall_ms"])
-    return SqlRun(wall_ms, process_ms, None, proc.stderr[-4000:])
+        report = json.load(f)
+    return SqlRun(float(report["wall_ms"]), process_ms, None, proc.stderr[-4000:], report)
 
 
 def relative_spread(times: Sequence[float]) -> float | None:

@@ -231,8 +231,8 @@ def test_bench_modes_verdict():
     assert v["better"] == "on" and v["failures"] == ["auto 2.00x on > --max-ratio 1.1"]
     v = bm.verdict(runs(10.0, 10.0, None, on_match=False, off_error="boom"), max_ratio=1.10)
     assert v["better"] == "on" and v["failures"] == ["off error: boom", "on result differs from auto"]
-    assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
     assert v["same_plan_as_better"] is False
+    assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
 
     # auto ran on's plan: the line says so, and the verdict is judged as before
     stats = lambda *ops: {"operators": [{"operator": o, "side": side} for o, side in ops]}
