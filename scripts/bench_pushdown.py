@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -34,27 +35,27 @@ import quarry_py as q  # noqa: E402
 SYNTHETIC_RANGE = 100_000_000  # values are uniform over 0..this (quarry-gen's synthetic tables)
 
 
-def run_query(urls: str, sql: str, pushdown: str, repeat: int, threads: int) -> dict:
-    """Best-of-`repeat` stats of one query (after one warm-up run)."""
-    return run_modes(urls, sql, [pushdown], repeat, threads)[pushdown]
-
-
-def run_modes(urls: str, sql: str, modes: list[str], repeat: int, threads: int) -> dict[str, dict]:
+def run_modes(urls: str, sql: str, modes: list[str], repeat: int, threads: int, host_rates: Path | None = None) -> dict[str, dict]:
     """Best-of stats of one query per pushdown mode. After a warm-up run of each, the modes take
     turns (on, off, auto, on, ...), so drift in the machine's speed reaches all alike; queries
     under a second get five times the rounds: their run-to-run noise (measured: 200 to 300 ms
     for the same plan of a 150 ms query, mostly the device CPU time the pacing multiplies) is a
-    large share of them."""
+    large share of them. ``host_rates``: the host's calibration file (the host runs on this
+    machine, where the node's was measured)."""
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
         stats_path, sql_path = Path(tmp) / "stats.json", Path(tmp) / "query.sql"
         sql_path.write_text(sql)
+        host_dir = Path(tmp) / "host"
+        host_dir.mkdir()
+        if host_rates is not None and host_rates.exists():
+            shutil.copy(host_rates, host_dir / host_rates.name)
         rounds = 0
         while rounds <= repeat or (best and max(b["wall_ms"] for b in best.values()) < 1000 and rounds <= 5 * repeat):
             for mode in modes:
                 q.run_quarry(
                     ["sql", "-f", sql_path, "--nodes", urls, "--pushdown", mode, "--threads", threads, "--format", "none", "--stats", stats_path],
-                    Path(tmp) / "unused",
+                    host_dir,
                 )
                 stats = json.loads(stats_path.read_text())
                 if rounds > 0 and (mode not in best or stats["wall_ms"] < best[mode]["wall_ms"]):
@@ -89,7 +90,7 @@ def bench_q6(args) -> int:
     rows = []
     for label, node_args in (("unlimited link", []), (f"{args.link_mbps:g} MB/s link", ["--link-mbps", str(args.link_mbps)])):
         with q.StorageNodes([warehouse], node_args) as node:
-            times = run_modes(node.arg, sql, ["on", "off"], args.repeat, args.threads)
+            times = run_modes(node.arg, sql, ["on", "off"], args.repeat, args.threads, warehouse / ".calibration.json")
         rows.append((label, times["on"], times["off"]))
     print(f"\nTPC-H Q6, SF {args.sf}, one node in its own process, host threads {args.threads}, pushdown and passthrough interleaved, best of {args.repeat}")
     print(f"{'link':<18} {'pushdown ms':>12} {'passthrough ms':>15} {'speedup':>8} {'pushdown link B':>16} {'passthrough link B':>19} {'bytes ratio':>12}")
@@ -149,7 +150,7 @@ def bench_selectivity(args) -> int:
             for name, template in queries.items():
                 for selectivity in args.selectivities:
                     sql = template.format(t=table, c=int(SYNTHETIC_RANGE * selectivity / 100))
-                    times = run_modes(node.arg, sql, ["on", "off", "auto"], args.repeat, args.threads)
+                    times = run_modes(node.arg, sql, ["on", "off", "auto"], args.repeat, args.threads, warehouse / ".calibration.json")
                     results.append((table, name, selectivity, times))
                     best = min(times["on"]["wall_ms"], times["off"]["wall_ms"])
                     print(

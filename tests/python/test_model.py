@@ -184,12 +184,55 @@ def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehou
     assert bad.returncode != 0 and "x.json" in bad.stderr and "operators" in bad.stderr
 
 
-def test_calibrate_measures_the_fixed_fragment_cost(warehouse):
+# `Calibration::default()`'s figures for the rates `quarry calibrate` measures beyond the first
+# five: a measured figure is none of them.
+DEFAULT_RATES = {
+    "transfer_ns_per_byte": 1.5,
+    "spill_ns_per_byte": 1.0,
+    "plain_copy_ns_per_byte": 0.19,
+    "plain_run_ns": 4.2,
+    "plain_page_ns": 3000.0,
+    "plain_row_ns": 1.1,
+    "plain_selected_row_ns": 2.7,
+}
+NOT_MEASURED = re.compile(r"rates of ([^;\]]*) not measured: defaults")
+
+
+def _assumed_unmeasured(warehouse, sql, *args):
+    """The sides EXPLAIN says are priced at default rates, per fragment."""
+    plan = q.run_quarry(["sql", f"EXPLAIN {sql}", "--format", "csv", *map(str, args)], warehouse).stdout
+    fragments = [line for line in plan.splitlines() if "FragmentExec" in line]
+    assert fragments, plan
+    return [m[1] if (m := NOT_MEASURED.search(line)) else None for line in fragments]
+
+
+def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_path):
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "50000", "--name", "t"], warehouse)
+    sql = "SELECT col2 FROM t WHERE col1 < 1000000"
+    assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {"the host, node local"}
     out = q.run_quarry(["calibrate", "--rows", "100000"], warehouse).stdout
-    figures = json.loads((Path(warehouse) / ".calibration.json").read_text())
+    figures = json.loads((warehouse / ".calibration.json").read_text())
+    assert figures["measured"] is True, figures
     assert 0 < figures["fragment_ns"] < 1e9, figures
     printed = re.search(r"^fragment\s+([\d.]+) ms$", out, re.MULTILINE)
     assert printed and abs(float(printed[1]) - figures["fragment_ns"] / 1e6) < 1e-3, out
+    for rate, default in DEFAULT_RATES.items():
+        assert figures[rate] != default, (rate, figures[rate])
+    assert all(figures[rate] >= 0 for rate in DEFAULT_RATES), figures
+    assert figures["transfer_ns_per_byte"] > 0 and figures["spill_ns_per_byte"] > 0, figures
+    # The selection's rates fit its times: not all fixed at zero.
+    assert sum(figures[rate] > 0 for rate in DEFAULT_RATES if rate.startswith("plain_")) >= 2, figures
+    assert re.search(r"^plain .* ns/byte copied, .* ns/page$", out, re.MULTILINE), out
+    assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
+    # A host with nodes elsewhere has rates of its own: the node's are not its.
+    with q.StorageNodes([warehouse]) as node:
+        host = tmp_path / "host"
+        host.mkdir()
+        remote = _assumed_unmeasured(host, sql, "--nodes", node.arg, "--pushdown", "on")
+        assert set(remote) == {"the host"}, remote
+        (host / ".calibration.json").write_text((warehouse / ".calibration.json").read_text())
+        assert set(_assumed_unmeasured(host, sql, "--nodes", node.arg, "--pushdown", "on")) == {None}
 
 
 def test_host_power_figures_replace_the_default_host(tpch_warehouse, tmp_path):

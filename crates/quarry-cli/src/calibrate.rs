@@ -11,7 +11,9 @@ use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, user_message};
 use arrow::array::RecordBatch;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
-use quarry_storage::{CALIBRATION_FILE, Calibration, LinkCodec, LocalStorageNode};
+use quarry_engine::placement::plain_selection_terms;
+use quarry_gen::synthetic::SYNTHETIC_VALUE_RANGE;
+use quarry_storage::{CALIBRATION_FILE, Calibration, DeviceProfile, LinkCodec, LocalStorageNode};
 use quarry_table::{PageEncoding, Warehouse};
 
 use crate::generate::generate_tables;
@@ -28,10 +30,12 @@ const COLUMNS: usize = 8;
 
 pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResult {
     let scratch = std::env::temp_dir().join(format!("quarry-calibrate-{}", std::process::id()));
-    let result = calibrate(&scratch, args.rows.max(100_000), threads);
+    let result = calibrate(&scratch, args.rows.max(100_000), threads).and_then(|mut calibration| {
+        calibrate_ipc(&mut calibration, &scratch)?;
+        Ok(calibration)
+    });
     let _ = std::fs::remove_dir_all(&scratch);
-    let mut calibration = result?;
-    calibrate_link_codecs(&mut calibration)?;
+    let calibration = result?;
     std::fs::create_dir_all(warehouse_dir).map_err(|e| format!("creating {}: {e}", warehouse_dir.display()))?;
     let path = warehouse_dir.join(CALIBRATION_FILE);
     let text = serde_json::to_string_pretty(&calibration).expect("calibration serializes");
@@ -41,6 +45,10 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     println!("aggregate  {:>8.3} ns/row", calibration.aggregate_ns_per_row);
     println!("join       {:>8.3} ns/row", calibration.join_ns_per_row);
     println!("fragment   {:>8.3} ms", calibration.fragment_ns / 1e6);
+    println!("transfer   {:>8.3} ns/byte", calibration.transfer_ns_per_byte);
+    println!("spill      {:>8.3} ns/byte", calibration.spill_ns_per_byte);
+    let [copy, row, selected, run, page] = calibration.plain_selection_rates();
+    println!("plain      {copy:>8.3} ns/byte copied, {row:.3} ns/row, {selected:.3} ns/selected row, {run:.3} ns/run/column, {page:.1} ns/page");
     for codec in [LinkCodec::Lz4, LinkCodec::Zstd] {
         let (compress, decompress, ratio) = calibration.link_codec_rates(codec);
         println!("{:<10} {compress:>8.3} ns/byte to compress, {decompress:.3} to decompress, ratio {ratio:.3}", codec.name());
@@ -55,14 +63,21 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
     let warehouse = Warehouse::open(scratch).map_err(|e| e.to_string())?;
     let table = quarry_gen::synthetic::synthetic_table("calibration", COLUMNS, rows, 7);
     let tiny = quarry_gen::synthetic::synthetic_table("calibration_tiny", COLUMNS, 1000, 7);
+    let plain = quarry_gen::synthetic::synthetic_table(PLAIN_TABLE, COLUMNS, rows, 8);
     generate_tables(&warehouse, &[table, tiny], &[], PageEncoding::default(), threads)?;
+    generate_tables(&warehouse, &[plain], &[], PageEncoding::Plain, threads)?;
     with_runtime(threads, async move {
-        let session = |pushdown| {
-            let node = Arc::new(LocalStorageNode::new(warehouse.clone()));
-            async move { QuarrySession::try_new(vec![node], EngineOptions { threads: 1, pushdown, ..EngineOptions::default() }).await.map_err(|e| user_message(&e)) }
+        let session = |pushdown, device_threads| {
+            let mut profile = DeviceProfile::load("native").expect("the built-in native profile parses");
+            profile.device_threads = device_threads;
+            let node = LocalStorageNode::with_profile(warehouse.clone(), profile).map(Arc::new);
+            async move {
+                let node = node.map_err(|e| user_message(&e))?;
+                QuarrySession::try_new(vec![node], EngineOptions { threads: 1, pushdown, ..EngineOptions::default() }).await.map_err(|e| user_message(&e))
+            }
         };
-        let off = session(PushdownMode::Off).await?;
-        let on = session(PushdownMode::On).await?;
+        let off = session(PushdownMode::Off, None).await?;
+        let on = session(PushdownMode::On, None).await?;
         let n = rows as f64;
         let decode = best(&off, "SELECT * FROM calibration").await? / (n * 4.0 * COLUMNS as f64);
         // A predicate no row passes and no statistics can prune (a bound on one column would
@@ -71,21 +86,109 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         let aggregate = (best(&on, "SELECT col1 % 1000, SUM(col2) FROM calibration GROUP BY 1").await? / n - decode * 8.0).max(0.1);
         let join = (best(&off, "SELECT COUNT(*) FROM calibration a JOIN calibration b ON a.col1 = b.col1").await? / (2.0 * n) - decode * 4.0).max(0.1);
         let fragment = fragment_wait(&off, "SELECT * FROM calibration_tiny").await?;
-        Ok(Calibration {
+        let mut calibration = Calibration {
             decode_ns_per_byte: decode,
             filter_ns_per_row: filter,
             aggregate_ns_per_row: aggregate,
             join_ns_per_row: join,
             fragment_ns: fragment,
+            measured: true,
             ..Calibration::default()
-        })
+        };
+        // A selection runs on the device's threads, one partition each: the model divides its
+        // work by them, so it is measured on one.
+        let on_one_thread = session(PushdownMode::On, Some(1)).await?;
+        calibration.set_plain_selection_rates(plain_selection_rates(&on_one_thread, rows, fragment, filter).await?);
+        Ok(calibration)
     })
 }
 
-/// Arrow IPC compression for the link, on TPC-H `lineitem` batches (numbers, dates, short
-/// strings and comments, as query results carry them): each codec's extra time over plain IPC
-/// to write and to read, per byte of plain IPC, and its size against plain IPC.
-fn calibrate_link_codecs(calibration: &mut Calibration) -> CliResult {
+/// The PLAIN-page table the selection rates are measured on (another seed than `calibration`).
+const PLAIN_TABLE: &str = "calibration_plain";
+
+/// The rates of a selection over PLAIN pages (`PlainSelectExec`, the predicate evaluated in it):
+/// the fragment's time, less its fixed cost and a projection's, for `SELECT * | col2 ... WHERE
+/// col1 < c` at four selectivities, fitted by non-negative least squares to the terms the
+/// placement model prices them by.
+async fn plain_selection_rates(session: &QuarrySession, rows: u64, fragment_ns: f64, filter_ns_per_row: f64) -> CliResult<[f64; 5]> {
+    let input = rows as f64;
+    let mut equations = Vec::new();
+    for (select, columns) in [("*", COLUMNS), ("col2", 2)] {
+        for selectivity in [0.001, 0.1, 0.5, 0.999] {
+            let bound = (selectivity * f64::from(SYNTHETIC_VALUE_RANGE)) as i64;
+            let sql = format!("SELECT {select} FROM {PLAIN_TABLE} WHERE col1 < {bound}");
+            let measured = fragment_wait(session, &sql).await?;
+            let other_columns = (columns - 1) as f64;
+            // Int32 columns: 4 bytes a value.
+            let terms = plain_selection_terms(input, selectivity, 4.0, 4.0 * other_columns, other_columns, columns as f64);
+            // A projection to `col2` is priced apart, half the filter rate per row it passes.
+            let projection = if columns < COLUMNS { input * selectivity * 0.5 * filter_ns_per_row } else { 0.0 };
+            equations.push((terms, measured - fragment_ns - projection));
+        }
+    }
+    Ok(nonnegative_least_squares(&equations))
+}
+
+/// The non-negative `x` that best fits `terms · x = y` over `equations` (Lawson-Hanson's
+/// active set, simplified: an unknown that comes out negative is fixed at 0 and the others are
+/// fitted again).
+fn nonnegative_least_squares<const N: usize>(equations: &[([f64; N], f64)]) -> [f64; N] {
+    let mut free = [true; N];
+    loop {
+        let x = least_squares(equations, &free);
+        match (0..N).find(|&i| free[i] && x[i] < 0.0) {
+            Some(negative) => free[negative] = false,
+            None => return x,
+        }
+    }
+}
+
+/// Least squares over the `free` unknowns (the others 0): the normal equations, solved by
+/// Gaussian elimination with partial pivoting; an unknown no equation determines is 0.
+fn least_squares<const N: usize>(equations: &[([f64; N], f64)], free: &[bool; N]) -> [f64; N] {
+    let index: Vec<usize> = (0..N).filter(|&i| free[i]).collect();
+    let k = index.len();
+    // The normal equations scaled column by column, as the terms span many orders of magnitude.
+    let scale: Vec<f64> = index.iter().map(|&i| equations.iter().map(|(t, _)| t[i] * t[i]).sum::<f64>().sqrt().max(f64::MIN_POSITIVE)).collect();
+    let mut a = vec![vec![0.0; k + 1]; k];
+    for (terms, y) in equations {
+        for r in 0..k {
+            let tr = terms[index[r]] / scale[r];
+            for c in 0..k {
+                a[r][c] += tr * terms[index[c]] / scale[c];
+            }
+            a[r][k] += tr * y;
+        }
+    }
+    for col in 0..k {
+        let pivot = (col..k).max_by(|&p, &q| a[p][col].abs().total_cmp(&a[q][col].abs())).expect("a column to pivot on");
+        a.swap(col, pivot);
+        if a[col][col].abs() < 1e-12 {
+            continue;
+        }
+        for row in 0..k {
+            if row != col {
+                let factor = a[row][col] / a[col][col];
+                for c in col..=k {
+                    a[row][c] -= factor * a[col][c];
+                }
+            }
+        }
+    }
+    let mut x = [0.0; N];
+    for (r, &i) in index.iter().enumerate() {
+        if a[r][r].abs() >= 1e-12 {
+            x[i] = a[r][k] / a[r][r] / scale[r];
+        }
+    }
+    x
+}
+
+/// Arrow IPC, on TPC-H `lineitem` batches (numbers, dates, short strings and comments, as query
+/// results carry them): reading it (a host's receiving), writing and reading it through a file
+/// (a join's spill), and compression for the link: each codec's extra time over plain IPC to
+/// write and to read, per byte of plain IPC, and its size against plain IPC.
+fn calibrate_ipc(calibration: &mut Calibration, scratch: &Path) -> CliResult {
     let lineitem = quarry_gen::tpch::tpch_tables_chunked(0.05, 65_536).into_iter().find(|t| t.name() == "lineitem").expect("TPC-H has lineitem");
     let batches: Vec<RecordBatch> = lineitem.chunk(0).collect();
     let schema = lineitem.schema();
@@ -114,6 +217,26 @@ fn calibrate_link_codecs(calibration: &mut Calibration) -> CliResult {
     let plain_write = timed(&|| encode(LinkCodec::None).map(|b| b.len()))?;
     let plain_read = timed(&|| decode(&plain))?;
     let n = plain.len() as f64;
+    // What a host pays to receive a node's batches: reading their IPC.
+    calibration.transfer_ns_per_byte = plain_read / n;
+    // A Grace hash join's spill: IPC written through a buffer to a file, and read back (the
+    // model charges each once per byte spilled).
+    let spill_path = scratch.join("spill.arrows");
+    let spill_write = timed(&|| {
+        let file = std::io::BufWriter::new(std::fs::File::create(&spill_path).map_err(|e| format!("creating {}: {e}", spill_path.display()))?);
+        let mut writer = StreamWriter::try_new(file, &schema).map_err(|e| e.to_string())?;
+        for batch in &batches {
+            writer.write(batch).map_err(|e| e.to_string())?;
+        }
+        writer.finish().map_err(|e| e.to_string())?;
+        Ok(0)
+    })?;
+    let spill_read = timed(&|| {
+        let file = std::io::BufReader::new(std::fs::File::open(&spill_path).map_err(|e| format!("opening {}: {e}", spill_path.display()))?);
+        let reader = StreamReader::try_new(file, None).map_err(|e| e.to_string())?;
+        reader.map(|b| b.map(|b| b.num_rows()).map_err(|e| e.to_string())).sum()
+    })?;
+    calibration.spill_ns_per_byte = (spill_write + spill_read) / (2.0 * n);
     for codec in [LinkCodec::Lz4, LinkCodec::Zstd] {
         let compressed = encode(codec)?;
         let compress = ((timed(&|| encode(codec).map(|b| b.len()))? - plain_write) / n).max(0.01);

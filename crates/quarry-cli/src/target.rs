@@ -129,6 +129,9 @@ impl Target {
             host_power,
             star_join: self.star_join,
             memory_limit: self.memory,
+            // `quarry calibrate` run on this machine writes its rates into the warehouse
+            // directory, the embedded node's and the host's alike.
+            host_rates: quarry_storage::read_calibration(&self.warehouse),
         };
         QuarrySession::try_new(nodes, options).await.map_err(|e| user_message(&e))
     }

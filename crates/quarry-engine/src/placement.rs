@@ -36,7 +36,7 @@ use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
 use quarry_storage::admission::weighted_demand;
 use quarry_storage::grace_join::in_memory_cost;
-use quarry_storage::star::StarDimensionExec;
+use quarry_storage::star::{StarDimensionExec, StarProbeExec};
 use quarry_storage::{Calibration, LinkCodec, NodeDescription, NodeOp, PageSelectExec, PlainSelectExec, ScanLeafExec, check_shippable};
 use datafusion::physical_expr::utils::collect_columns;
 
@@ -120,6 +120,8 @@ pub struct Prediction {
     /// The component that bounds the time: `flash read`, `device CPU`, `link`, `host receive`,
     /// (passthrough) `host decode`, or the fragment's `fixed cost` when that is over half.
     pub bound: &'static str,
+    /// The stated rules the prediction fell back on where an estimate or a rate was unknown.
+    pub assumed: Vec<String>,
 }
 
 impl fmt::Display for Placement {
@@ -326,6 +328,7 @@ impl PlacementRule {
             devices: l.devices.into_iter().chain(r.devices).collect(),
             joules: None,
             bound: if l.seconds >= r.seconds { l.bound } else { r.bound },
+            assumed: l.assumed.into_iter().chain(r.assumed).collect(),
         });
         self.placement("HashJoinExec".into(), on_node, on_host)
     }
@@ -394,7 +397,7 @@ impl PlacementRule {
             .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
                 Some(fragment) => {
                     let prediction = self.fragment_cost(fragment.root(), fragment.partitions());
-                    Ok(Transformed::yes(Arc::new(fragment.with_prediction(prediction.seconds, prediction.bound)) as Arc<dyn ExecutionPlan>))
+                    Ok(Transformed::yes(Arc::new(fragment.with_prediction(prediction.seconds, prediction.bound, prediction.assumed)) as Arc<dyn ExecutionPlan>))
                 }
                 None => Ok(Transformed::no(node)),
             })?
@@ -444,45 +447,15 @@ impl PlacementRule {
     }
 
     /// Predicted time of running `root` on the partitions' nodes: per node, the slowest of
-    /// reading, computing and sending its share; nodes run in parallel.
+    /// reading, computing and sending its share, the computing at that node's own rates (the
+    /// host's, for passthrough, which the host decodes); nodes run in parallel.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
         let passthrough = root.is::<ScanLeafExec>();
-        let read_bytes: f64 = leaves(root)
-            .iter()
-            .map(|leaf| leaf.stored_bytes().unwrap_or(0) as f64)
-            .sum();
-        let decode_ns = decode_ns(root, &self.host);
-        // Work spread over the device's threads, and a join's, which is not: the node's Grace
-        // hash join produces one output partition (and, when it spills, writes both inputs to
-        // its spill files and reads them back).
-        let (mut op_ns, mut join_ns, mut join_spills) = (0.0, 0.0, false);
-        root.apply(|plan| {
-            let input_rows = || plan.children().first().map_or(0.0, |c| rows(c));
-            match NodeOp::of(plan.as_ref()) {
-                // On the node a star probe runs on the stored values as the pages are read
-                // (`StarScanExec`): the decoding is counted with the leaf, the probe is cheaper
-                // than over decoded batches.
-                Some(NodeOp::StarProbe) => op_ns += input_rows() * self.host.star_scan_ns_per_row,
-                Some(op @ (NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarDimension)) => {
-                    op_ns += input_rows() * op_ns_per_row(op, plan.as_ref(), &self.host)
-                }
-                Some(NodeOp::Join) => {
-                    // The Grace hash join spills both inputs only when its build side's join in
-                    // memory does not fit the device memory of the node it runs on.
-                    let inputs = plan.children();
-                    let (build_rows, build_bytes) = (rows(inputs[0]), rows(inputs[0]) * row_width(&inputs[0].schema()));
-                    let memory = partitions.iter().filter_map(|p| self.nodes.get(p.node.name())).map(|d| d.profile.memory()).min().unwrap_or(0);
-                    let spills = in_memory_cost(build_bytes as usize, build_rows as usize) as u64 > memory;
-                    let spilled: f64 = if spills { inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum() } else { 0.0 };
-                    join_ns += inputs.iter().map(|c| rows(c)).sum::<f64>() * self.host.join_ns_per_row + 2.0 * spilled * self.host.spill_ns_per_byte;
-                    join_spills |= spills;
-                }
-                // The scan is priced by `decode_ns`; a fragment holds nothing else.
-                Some(NodeOp::Scan) | None => {}
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })
-        .expect("visiting a plan cannot fail");
+        let read_bytes: f64 = leaves(root).iter().map(|leaf| leaf_stored_bytes(leaf)).sum();
+        let memory = partitions.iter().filter_map(|p| self.nodes.get(p.node.name())).map(|d| d.profile.memory()).min().unwrap_or(0);
+        let mut assumed = unknown_rows(root);
+        // The host's rates price its decoding, its receiving and the fixed cost.
+        let mut unmeasured = if self.host.measured { Vec::new() } else { vec!["the host".to_string()] };
         // Passthrough ships the stored bytes, which the host decodes; pushdown ships Arrow
         // batches, at least one row per partition (aggregates).
         let link_bytes = if passthrough { read_bytes } else { output_bytes(root).max(partitions.len() as f64 * row_width(&root.schema())) };
@@ -502,6 +475,14 @@ impl PlacementRule {
                     Some(p) if !passthrough => (p.threads() as f64, p.compute_slowdown),
                     _ => (self.host_threads as f64, 1.0),
                 };
+                let rates = match self.nodes.get(*name) {
+                    Some(description) if !passthrough => &description.calibration,
+                    _ => &self.host,
+                };
+                if !passthrough && !rates.measured {
+                    unmeasured.push(format!("node {name}"));
+                }
+                let FragmentWork { decode_ns, op_ns, join_ns, join_spills } = fragment_work(root, rates, memory);
                 let compute = ((decode_ns + op_ns) / threads + join_ns) * share * slowdown / 1e9;
                 // The same work in CPU seconds (not spread over threads), for its energy.
                 let cpu_s = (decode_ns + op_ns + join_ns) * share * slowdown / 1e9;
@@ -535,8 +516,73 @@ impl PlacementRule {
         // calibrated on its machine, is the host's round trip at least).
         let seconds = seconds + self.host.fragment_ns / 1e9;
         let bound = if self.host.fragment_ns / 1e9 > seconds / 2.0 { "fixed cost" } else { bound };
-        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None, bound })
+        if !unmeasured.is_empty() {
+            assumed.push(format!("rates of {} not measured: defaults (run quarry calibrate on the machine)", unmeasured.join(", ")));
+        }
+        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None, bound, assumed })
     }
+}
+
+/// A fragment's CPU work at one side's rates, nanoseconds.
+struct FragmentWork {
+    /// Decoding its leaves (and the selections that run on their pages).
+    decode_ns: f64,
+    /// Its other operators, which spread over the side's threads.
+    op_ns: f64,
+    /// Its joins, which do not: the node's Grace hash join produces one output partition (and,
+    /// when it spills, writes both inputs to its spill files and reads them back).
+    join_ns: f64,
+    /// Whether a join spills: its build side's join in memory exceeds `memory`.
+    join_spills: bool,
+}
+
+fn fragment_work(root: &Arc<dyn ExecutionPlan>, rates: &Calibration, memory: u64) -> FragmentWork {
+    let mut work = FragmentWork { decode_ns: decode_ns(root, rates), op_ns: 0.0, join_ns: 0.0, join_spills: false };
+    root.apply(|plan| {
+        let input_rows = || plan.children().first().map_or(0.0, |c| rows(c));
+        match NodeOp::of(plan.as_ref()) {
+            // On the node a star probe runs on the stored values as the pages are read
+            // (`StarScanExec`): the decoding is counted with the leaf, the probe is cheaper than
+            // over decoded batches.
+            Some(NodeOp::StarProbe) => work.op_ns += input_rows() * rates.star_scan_ns_per_row,
+            Some(op @ (NodeOp::Filter | NodeOp::Projection | NodeOp::PartialAggregate | NodeOp::TopK | NodeOp::StarDimension)) => {
+                work.op_ns += input_rows() * op_ns_per_row(op, plan.as_ref(), rates)
+            }
+            Some(NodeOp::Join) => {
+                let inputs = plan.children();
+                let (build_rows, build_bytes) = (rows(inputs[0]), rows(inputs[0]) * row_width(&inputs[0].schema()));
+                let spills = in_memory_cost(build_bytes as usize, build_rows as usize) as u64 > memory;
+                let spilled: f64 = if spills { inputs.iter().map(|c| rows(c) * row_width(&c.schema())).sum() } else { 0.0 };
+                work.join_ns += inputs.iter().map(|c| rows(c)).sum::<f64>() * rates.join_ns_per_row + 2.0 * spilled * rates.spill_ns_per_byte;
+                work.join_spills |= spills;
+            }
+            // The scan is priced by `decode_ns`; a fragment holds nothing else.
+            Some(NodeOp::Scan) | None => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("visiting a plan cannot fail");
+    work
+}
+
+/// A leaf's stored bytes, from its segments' manifest entries; where those do not say, the
+/// stated rule: its estimated rows at their Arrow width (stored pages are seldom larger).
+fn leaf_stored_bytes(leaf: &ScanLeafExec) -> f64 {
+    leaf.stored_bytes().map_or_else(|| known_rows(leaf).unwrap_or(0.0) * row_width(&leaf.schema()), |bytes| bytes as f64)
+}
+
+/// What the model assumed for `root`'s operators whose statistics give no row count (see
+/// [`rows`]), for EXPLAIN.
+fn unknown_rows(root: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    let mut assumed = Vec::new();
+    root.apply(|plan| {
+        if known_rows(plan.as_ref()).is_none() {
+            assumed.push(format!("rows of {} unknown: taken as {}", plan.name(), unknown_rows_rule(plan).1));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("visiting a plan cannot fail");
+    assumed
 }
 
 impl PhysicalOptimizerRule for PlacementRule {
@@ -686,7 +732,7 @@ pub fn plan_statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>>
     StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new()).ok()
 }
 
-/// The rows a plan produces (0 when unknown): DataFusion's estimate, except through filters
+/// The rows a plan produces: DataFusion's estimate, except through filters
 /// whose predicate is string comparisons (see [`string_filter_selectivity`]) and the
 /// projections above them.
 fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
@@ -697,7 +743,30 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> f64 {
     } else if let Some(projection) = plan.downcast_ref::<ProjectionExec>() {
         return rows(projection.input());
     }
-    plan_statistics(plan).and_then(|s| s.num_rows.get_value().copied()).unwrap_or(0) as f64
+    known_rows(plan.as_ref()).unwrap_or_else(|| unknown_rows_rule(plan).0)
+}
+
+/// Groups a star probe is taken to produce per partition: they are known only once its
+/// dimensions are built, after planning (SSB's star queries group into 1 to 800).
+const STAR_PROBE_GROUPS: f64 = 1000.0;
+
+/// The rows taken for `plan` when its statistics give none, and the rule, for EXPLAIN: a star
+/// probe's groups ([`STAR_PROBE_GROUPS`] a partition, at most its input's rows); any other
+/// operator as many as its largest input (no operator a fragment holds multiplies rows but a
+/// join, and a node's join matches keys to a unique build side); a leaf none.
+fn unknown_rows_rule(plan: &Arc<dyn ExecutionPlan>) -> (f64, &'static str) {
+    let input = plan.children().iter().map(|c| rows(c)).fold(0.0, f64::max);
+    if plan.is::<StarProbeExec>() {
+        let partitions = plan.properties().partitioning.partition_count() as f64;
+        return ((STAR_PROBE_GROUPS * partitions).min(input), "1,000 groups a partition");
+    }
+    if plan.children().is_empty() { (0.0, "none") } else { (input, "its largest input's") }
+}
+
+/// Rows of `plan` as its statistics estimate them, if they do.
+fn known_rows(plan: &dyn ExecutionPlan) -> Option<f64> {
+    let statistics = StatisticsContext::new().compute(plan, &StatisticsArgs::new()).ok()?;
+    statistics.num_rows.get_value().map(|&n| n as f64)
 }
 
 /// The bytes a pushed-down plan sends: its rows at their Arrow width, or a star dimension's
@@ -806,12 +875,8 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
             let input = rows(filter.input());
             let selectivity = if input > 0.0 { (rows(plan) / input).clamp(0.0, 1.0) } else { 1.0 };
             total += if plain {
-                let pages = input / DATA_PAGE_ROWS as f64 * schema.fields().len() as f64;
-                let runs = input * selectivity * (1.0 - selectivity) + 1.0;
-                input * (filter_width + selectivity * other_width) * rates.plain_copy_ns_per_byte
-                    + input * (rates.plain_row_ns + selectivity * rates.plain_selected_row_ns)
-                    + runs * other_columns * rates.plain_run_ns
-                    + pages * rates.plain_page_ns
+                let terms = plain_selection_terms(input, selectivity, filter_width, other_width, other_columns, schema.fields().len() as f64);
+                terms.iter().zip(rates.plain_selection_rates()).map(|(term, rate)| term * rate).sum()
             } else {
                 input * (filter_width + page_gather_share(selectivity) * other_width) * rates.decode_ns_per_byte
             };
@@ -824,6 +889,17 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
     })
     .expect("visiting a plan cannot fail");
     total
+}
+
+/// The amounts a selection over PLAIN pages (`PlainSelectExec`) is priced by, in the order of
+/// [`Calibration::plain_selection_rates`]: bytes copied (the filter's columns whole, the others'
+/// selected values), input rows, selected rows, runs of selected rows times the other columns
+/// (each run a copy by offset per column), and pages split. `quarry calibrate` fits the rates to
+/// these same terms.
+pub fn plain_selection_terms(input: f64, selectivity: f64, filter_width: f64, other_width: f64, other_columns: f64, columns: f64) -> [f64; 5] {
+    let pages = input / DATA_PAGE_ROWS as f64 * columns;
+    let runs = input * selectivity * (1.0 - selectivity) + 1.0;
+    [input * (filter_width + selectivity * other_width), input, input * selectivity, runs * other_columns, pages]
 }
 
 /// A filter a node runs as a selection over its leaf's pages (`PlainSelectExec` if `true`,
@@ -840,13 +916,17 @@ fn selection(plan: &dyn ExecutionPlan) -> Option<(&FilterExec, &ScanLeafExec, bo
 /// `FilterExec` costs by its predicate: TPC-H Q12's five comparisons, one an IN list of
 /// strings, cost some 20 ns per row against 2 for one integer comparison. A node's selection
 /// over pages evaluates a comparison once per dictionary entry and on the rows still alive, so
-/// it is charged the simple rate.
+/// it is charged the simple rate; one over PLAIN pages is priced whole by [`decode_ns`].
 fn op_ns_per_row(op: NodeOp, plan: &dyn ExecutionPlan, rates: &Calibration) -> f64 {
     match op {
         NodeOp::Filter => {
             let filter = plan.downcast_ref::<FilterExec>().expect("NodeOp::Filter is a FilterExec");
-            let relative = if selection(plan).is_some() { 1.0 } else { evaluation_cost(filter.predicate(), &filter.input().schema()) };
-            rates.filter_ns_per_row * relative
+            match selection(plan) {
+                // Priced with the selection's terms (its per-row rate evaluates the predicate).
+                Some((_, _, true)) => 0.0,
+                Some(_) => rates.filter_ns_per_row,
+                None => rates.filter_ns_per_row * evaluation_cost(filter.predicate(), &filter.input().schema()),
+            }
         }
         NodeOp::PartialAggregate => rates.aggregate_ns_per_row,
         NodeOp::StarProbe => rates.star_probe_ns_per_row,
@@ -887,7 +967,7 @@ mod tests {
     use super::{Prediction, auto_pushes, string_place};
 
     fn prediction(link_bytes: f64, seconds: f64) -> Prediction {
-        Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU" }
+        Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU", assumed: Vec::new() }
     }
 
     /// The node must win by 10%, unless it is remote and at least halves the link's bytes:

@@ -110,6 +110,8 @@ pub struct FragmentExec {
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
     /// The placement model's predicted seconds and the component bounding them.
     prediction: Option<(f64, &'static str)>,
+    /// The stated rules the prediction fell back on (unknown estimates or rates).
+    assumed: Vec<String>,
     /// The longest time a partition's consumer spent waiting for it (None before any ended).
     waited: Arc<Mutex<Option<Duration>>>,
     /// The output column each partition's rows are declared ascending in (see
@@ -146,6 +148,7 @@ impl FragmentExec {
             metrics: ExecutionPlanMetricsSet::new(),
             node_stats: Arc::new(Mutex::new(BTreeMap::new())),
             prediction: None,
+            assumed: Vec::new(),
             waited: Arc::new(Mutex::new(None)),
             ascending: None,
             progress: partitions.iter().map(|_| FragmentProgress::default()).collect(),
@@ -222,6 +225,7 @@ impl FragmentExec {
         fragment.link_codec = self.link_codec;
         fragment.demand = self.demand;
         fragment.prediction = self.prediction;
+        fragment.assumed = self.assumed.clone();
         if fragment.is_passthrough() {
             fragment.pruning_filters = self.pruning_filters.clone();
         }
@@ -266,10 +270,12 @@ impl FragmentExec {
         Ok(fragment)
     }
 
-    /// The same fragment with the placement model's prediction: `seconds`, bounded by `bound`.
-    pub fn with_prediction(&self, seconds: f64, bound: &'static str) -> Self {
+    /// The same fragment with the placement model's prediction: `seconds`, bounded by `bound`,
+    /// and the stated rules it `assumed`.
+    pub fn with_prediction(&self, seconds: f64, bound: &'static str, assumed: Vec<String>) -> Self {
         let mut fragment = self.with_root(Arc::clone(&self.root), None).expect("the same root and partitions");
         fragment.prediction = Some((seconds, bound));
+        fragment.assumed = assumed;
         fragment
     }
 
@@ -445,6 +451,9 @@ impl DisplayAs for FragmentExec {
         }
         if let Some((seconds, bound)) = self.prediction {
             write!(f, ", predicted {:.1} ms (bound: {bound})", seconds * 1e3)?;
+        }
+        if !self.assumed.is_empty() {
+            write!(f, ", assumed: [{}]", self.assumed.join("; "))?;
         }
         // The node-side plan, innermost last, on one line.
         let mut storage_side = Vec::new();

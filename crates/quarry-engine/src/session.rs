@@ -1,6 +1,6 @@
 //! A host session: SQL text in, results and accounting out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +22,7 @@ use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
 use futures::StreamExt;
 use quarry_model::energy::{COMPONENTS, DevicePower, Energy, HostPower, joules};
-use quarry_storage::StorageNode;
+use quarry_storage::{Calibration, StorageNode};
 
 use crate::accounting::QueryStats;
 use crate::filter_estimate::FilterEstimateRule;
@@ -59,11 +59,14 @@ pub struct EngineOptions {
     /// aggregates spill beyond their share, and what cannot spill fails with an error naming
     /// the budget. `None`: no limit.
     pub memory_limit: Option<usize>,
+    /// The host's own operator rates (`quarry calibrate` on this machine). `None`: those of a
+    /// storage node in this process, which runs on this machine, else the defaults.
+    pub host_rates: Option<Calibration>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, objective: Objective::Time, host_power: HostPower::do_2013(), star_join: true, memory_limit: None }
+        EngineOptions { threads: std::thread::available_parallelism().map_or(1, |n| n.get()), pushdown: PushdownMode::Auto, objective: Objective::Time, host_power: HostPower::do_2013(), star_join: true, memory_limit: None, host_rates: None }
     }
 }
 
@@ -156,11 +159,14 @@ impl QuarrySession {
             description.name = node.name().to_string();
             descriptions.push(description);
         }
-        // The host's own rates: those the (first) node measured on its machine, which in
-        // embedded mode is this one.
-        let host_rates = descriptions[0].calibration.clone();
         let device_power = descriptions.iter().map(|d| (d.name.clone(), d.profile.power.clone())).collect();
-        let in_process = nodes.iter().filter(|n| n.in_process()).map(|n| n.name().to_string()).collect();
+        let in_process: HashSet<String> = nodes.iter().filter(|n| n.in_process()).map(|n| n.name().to_string()).collect();
+        // The host's own rates; a node in this process measured them on this machine.
+        let host_rates = options
+            .host_rates
+            .clone()
+            .or_else(|| descriptions.iter().find(|d| in_process.contains(&d.name)).map(|d| d.calibration.clone()))
+            .unwrap_or_default();
         let host_power = options.host_power.clone();
         let placement =
             PlacementRule::new(options.pushdown, descriptions, in_process, host_rates, options.threads).with_objective(options.objective, host_power.clone());

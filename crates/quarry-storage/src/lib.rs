@@ -35,4 +35,4 @@ pub use plan_metrics::{OperatorIo, operator_io, plan_metric_sum};
 pub use local::{CALIBRATION_FILE, LocalStorageNode};
 pub use page_select::PageSelectExec;
 pub use plain_select::PlainSelectExec;
-pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size};
+pub use profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, parse_size, read_calibration};

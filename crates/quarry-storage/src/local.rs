@@ -69,7 +69,7 @@ use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
 use crate::verified_store::VerifiedStore;
-use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, thread_cpu_ns};
+use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, read_calibration, thread_cpu_ns};
 
 /// Default number of fragments admitted at once.
 const DEFAULT_MAX_SESSIONS: usize = 64;
@@ -233,10 +233,7 @@ impl LocalStorageNode {
         let verified = Arc::new(VerifiedStore::new(Arc::clone(&store) as _));
         runtime.register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), Arc::clone(&verified) as _);
         let state = SessionStateBuilder::new().with_config(config).with_runtime_env(runtime).with_default_features().build();
-        let calibration = std::fs::read(warehouse.root().join(CALIBRATION_FILE))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
+        let calibration = read_calibration(warehouse.root()).unwrap_or_default();
         Ok(LocalStorageNode {
             name: "local".into(),
             link: profile.link_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps))),

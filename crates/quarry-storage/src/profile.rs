@@ -206,9 +206,24 @@ pub struct Calibration {
     pub zstd_decompress_ns_per_byte: f64,
     /// Bytes ZSTD leaves of one byte of Arrow IPC (TPC-H `lineitem` batches).
     pub zstd_ratio: f64,
+    /// Whether `quarry calibrate` measured these figures (it sets this): `false` for the
+    /// defaults, and for a file written before every figure was measured.
+    pub measured: bool,
 }
 
 impl Calibration {
+    /// The rates of a selection over PLAIN pages, in the order of the terms they price
+    /// (`quarry_engine::placement::plain_selection_terms`): per byte copied, per input row, per
+    /// selected row, per run per other column, per page.
+    pub fn plain_selection_rates(&self) -> [f64; 5] {
+        [self.plain_copy_ns_per_byte, self.plain_row_ns, self.plain_selected_row_ns, self.plain_run_ns, self.plain_page_ns]
+    }
+
+    /// Sets them, in the same order.
+    pub fn set_plain_selection_rates(&mut self, rates: [f64; 5]) {
+        [self.plain_copy_ns_per_byte, self.plain_row_ns, self.plain_selected_row_ns, self.plain_run_ns, self.plain_page_ns] = rates;
+    }
+
     /// (compress ns/byte, decompress ns/byte, size ratio) of a link codec.
     pub fn link_codec_rates(&self, codec: crate::LinkCodec) -> (f64, f64, f64) {
         match codec {
@@ -251,8 +266,16 @@ impl Default for Calibration {
             zstd_compress_ns_per_byte: ZSTD_DEFAULTS.0,
             zstd_decompress_ns_per_byte: ZSTD_DEFAULTS.1,
             zstd_ratio: ZSTD_DEFAULTS.2,
+            measured: false,
         }
     }
+}
+
+/// The calibration `quarry calibrate` wrote into the warehouse at `dir`, if it wrote one there
+/// that parses.
+pub fn read_calibration(dir: &std::path::Path) -> Option<Calibration> {
+    let bytes = std::fs::read(dir.join(crate::CALIBRATION_FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// LZ4's (compress ns/byte, decompress ns/byte, ratio) until `quarry calibrate` measures them:
