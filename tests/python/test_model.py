@@ -194,6 +194,8 @@ DEFAULT_RATES = {
     "plain_page_ns": 3000.0,
     "plain_row_ns": 1.1,
     "plain_selected_row_ns": 2.7,
+    "star_probe_ns_per_row": 10.0,
+    "star_scan_ns_per_row": 1.0,
 }
 NOT_MEASURED = re.compile(r"rates of ([^;\]]*) not measured: defaults")
 
@@ -224,6 +226,7 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
     # The selection's rates fit its times: not all fixed at zero.
     assert sum(figures[rate] > 0 for rate in DEFAULT_RATES if rate.startswith("plain_")) >= 2, figures
     assert re.search(r"^plain .* ns/byte copied, .* ns/page$", out, re.MULTILINE), out
+    assert re.search(r"^star probe\s+[\d.]+ ns/row on the host, [\d.]+ on a node$", out, re.MULTILINE), out
     assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
     # A host with nodes elsewhere has rates of its own: the node's are not its.
     with q.StorageNodes([warehouse]) as node:

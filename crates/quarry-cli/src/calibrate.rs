@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
-use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, user_message};
+use quarry_engine::{EngineOptions, PushdownMode, QuarrySession, Side, user_message};
 use arrow::array::RecordBatch;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
@@ -47,6 +47,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     println!("fragment   {:>8.3} ms", calibration.fragment_ns / 1e6);
     println!("transfer   {:>8.3} ns/byte", calibration.transfer_ns_per_byte);
     println!("spill      {:>8.3} ns/byte", calibration.spill_ns_per_byte);
+    println!("star probe {:>8.3} ns/row on the host, {:.3} on a node", calibration.star_probe_ns_per_row, calibration.star_scan_ns_per_row);
     let [copy, row, selected, run, page] = calibration.plain_selection_rates();
     println!("plain      {copy:>8.3} ns/byte copied, {row:.3} ns/row, {selected:.3} ns/selected row, {run:.3} ns/run/column, {page:.1} ns/page");
     for codec in [LinkCodec::Lz4, LinkCodec::Zstd] {
@@ -66,6 +67,7 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
     let plain = quarry_gen::synthetic::synthetic_table(PLAIN_TABLE, COLUMNS, rows, 8);
     generate_tables(&warehouse, &[table, tiny], &[], PageEncoding::default(), threads)?;
     generate_tables(&warehouse, &[plain], &[], PageEncoding::Plain, threads)?;
+    generate_tables(&warehouse, &quarry_gen::ssb::ssb_tables(star_scale_factor(rows), 1), &[], PageEncoding::default(), threads)?;
     with_runtime(threads, async move {
         let session = |pushdown, device_threads| {
             let mut profile = DeviceProfile::load("native").expect("the built-in native profile parses");
@@ -99,6 +101,7 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         // work by them, so it is measured on one.
         let on_one_thread = session(PushdownMode::On, Some(1)).await?;
         calibration.set_plain_selection_rates(plain_selection_rates(&on_one_thread, rows, fragment, filter).await?);
+        (calibration.star_probe_ns_per_row, calibration.star_scan_ns_per_row) = star_rates(&off, &on_one_thread, decode, fragment).await?;
         Ok(calibration)
     })
 }
@@ -182,6 +185,48 @@ fn least_squares<const N: usize>(equations: &[([f64; N], f64)], free: &[bool; N]
         }
     }
     x
+}
+
+/// The SSB scale factor the star join is measured on: about as many `lineorder` rows (6M per
+/// unit) as the synthetic table has.
+fn star_scale_factor(rows: u64) -> f64 {
+    (rows as f64 / 6e6).clamp(0.01, 1.0)
+}
+
+/// A star join every fact row passes: two dimensions, grouped by an attribute of each.
+const STAR_SQL: &str = "SELECT d_year, s_region, SUM(lo_revenue) FROM lineorder, date, supplier \
+    WHERE lo_orderdate = d_datekey AND lo_suppkey = s_suppkey GROUP BY d_year, s_region";
+
+/// Bytes a fact row of [`STAR_SQL`] decodes to: `lo_orderdate` and `lo_suppkey` (Int32),
+/// `lo_revenue` (Int64).
+const STAR_ROW_BYTES: f64 = 16.0;
+
+/// The star join's probe per fact row, as the placement model prices it: on the host over
+/// decoded rows (`off`, the query's time on one thread), and on a node over the stored values
+/// as its pages are read (`on_one_thread`, the fact fragment's wait), each less a fragment's
+/// fixed cost and the decoding of the fact columns (priced with the scan). A plan without the
+/// star join on the side measured is an error, not a figure of something else.
+async fn star_rates(off: &QuarrySession, on_one_thread: &QuarrySession, decode_ns_per_byte: f64, fragment_ns: f64) -> CliResult<(f64, f64)> {
+    let fact_rows = |stats: &quarry_engine::QueryStats| stats.operators.iter().filter(|op| op.table.as_deref() == Some("lineorder")).map(|op| op.rows_in).sum::<u64>() as f64;
+    let ran_star = |stats: &quarry_engine::QueryStats, side: Side| stats.operators.iter().any(|op| op.side == side && op.operator.starts_with("Star"));
+    let mut rates = [f64::INFINITY; 2];
+    for (rate, session, side) in rates.iter_mut().zip([(off, Side::Host), (on_one_thread, Side::Storage)]).map(|(r, (s, side))| (r, s, side)) {
+        for _ in 0..3 {
+            let started = Instant::now();
+            let result = session.query(STAR_SQL).await.map_err(|e| user_message(&e))?;
+            let wall = started.elapsed().as_secs_f64() * 1e9;
+            let rows = fact_rows(&result.stats);
+            if !ran_star(&result.stats, side) || rows == 0.0 {
+                return Err(format!("calibrating the star join: '{STAR_SQL}' ran no star join on the {side:?} side"));
+            }
+            let waited = match side {
+                Side::Host => wall,
+                Side::Storage => result.stats.operators.iter().filter_map(|op| op.measured_ms).fold(0.0, f64::max) * 1e6,
+            };
+            *rate = rate.min(((waited - fragment_ns) / rows - decode_ns_per_byte * STAR_ROW_BYTES).max(0.1));
+        }
+    }
+    Ok((rates[0], rates[1]))
 }
 
 /// Arrow IPC, on TPC-H `lineitem` batches (numbers, dates, short strings and comments, as query
