@@ -19,7 +19,9 @@ Placements (the same warehouse DIR):
     --embedded  (default) ``quarry --warehouse DIR ...``: the storage node runs inside the process
     --node      one ``quarry serve --warehouse DIR`` in its own process on a loopback port (as
                 quarry_py.StorageNodes starts it), queries run with ``--nodes URL``; with
-                --link-mbps N the node paces its link to N MB/s (``quarry serve --link-mbps``)
+                --link-mbps N the node paces its link to N MB/s (``quarry serve --link-mbps``);
+                the host gets DIR's calibration (``quarry calibrate``) if it has one: host and
+                node share this machine
     --both      both, embedded first
 
 Per query it prints the three best times, which of on/off is faster, and auto / best(on, off).
@@ -38,6 +40,7 @@ import argparse
 import json
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -125,8 +128,10 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
 
 def plan_shape(stats: dict) -> list[str]:
     """The operators a run executed, in plan order, each with the side it ran on (host or
-    storage), from its --stats: two runs of one query with equal shapes ran the same plan."""
-    return [f"{op['operator']}@{op['side']}" for op in stats["operators"]]
+    storage), from its --stats: two runs of one query with equal shapes ran the same plan. An
+    operator that saw no rows, made none and took no time did not run (a star join's fallback
+    to hash joins, planned in case a dimension key repeats, runs only then)."""
+    return [f"{op['operator']}@{op['side']}" for op in stats["operators"] if op["rows_in"] or op["rows_out"] or op["compute_ms"]]
 
 
 def relabel(message: str, mode: str) -> str:
@@ -173,6 +178,10 @@ def bench_placement(args, placement: str, files: list[Path], tmp: Path) -> list[
         print(f"storage node {node.arg} over {args.warehouse}" + (f", link {args.link_mbps:g} MB/s" if link else ""), flush=True)
         host_dir = tmp / "host-warehouse"  # the host reads nothing locally
         host_dir.mkdir(exist_ok=True)
+        # The host runs on this machine, where the node's rates were measured (quarry calibrate).
+        rates = Path(args.warehouse) / ".calibration.json"
+        if rates.exists():
+            shutil.copy(rates, host_dir / rates.name)
         base = ["--warehouse", str(host_dir), "--nodes", node.arg]
         return [bench_one(args, placement, base, path, tmp) for path in files]
 

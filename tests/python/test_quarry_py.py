@@ -235,10 +235,15 @@ def test_bench_modes_verdict():
     assert bm.relabel("row counts differ: quarry 2, duckdb 1", "off") == "row counts differ: off 2, auto 1"
 
     # auto ran on's plan: the line says so, and the verdict is judged as before
-    stats = lambda *ops: {"operators": [{"operator": o, "side": side} for o, side in ops]}
+    ran = {"rows_in": 10, "rows_out": 1, "compute_ms": 0.5}
+    stats = lambda *ops: {"operators": [{"operator": o, "side": side, **ran} for o, side in ops]}
     pushed = bm.plan_shape(stats(("AggregateExec", "host"), ("FragmentExec", "storage"), ("FilterExec", "storage")))
     kept = bm.plan_shape(stats(("AggregateExec", "host"), ("FilterExec", "host"), ("FragmentExec", "storage")))
     assert pushed == ["AggregateExec@host", "FragmentExec@storage", "FilterExec@storage"] and pushed != kept
+    # an operator that never ran (a star join's unused fallback) is not part of the shape
+    fallback = stats(("AggregateExec", "host"), ("FragmentExec", "storage"), ("FilterExec", "storage"), ("HashJoinExec", "host"))
+    fallback["operators"][-1].update(rows_in=0, rows_out=0, compute_ms=0.0)
+    assert bm.plan_shape(fallback) == pushed
     r = runs(11.5, 10.0, 30.0)
     r["auto"]["plan"], r["on"]["plan"], r["off"]["plan"] = pushed, list(pushed), kept
     v = bm.verdict(r, max_ratio=1.10)
