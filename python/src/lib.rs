@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use quarry_cli::target::{Target, default_memory_budget};
 use quarry_engine::{Objective, QuarrySession, user_message};
 use quarry_graph::Cancel;
-use quarry_storage::graph_job::{GraphAlgorithm, GraphJob, GraphJobOutput, import_graph_file, run_graph_job};
+use quarry_graph_jobs::{GraphAlgorithm, GraphJob, GraphJobOutput, import_graph_file, run_graph_job};
 use quarry_table::ingest::{LoadOptions, LoadSource, load_table};
 use quarry_table::manifest::storage_schema;
 use quarry_table::segment::conform_batch;

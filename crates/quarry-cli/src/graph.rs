@@ -1,6 +1,6 @@
 //! `quarry graph`: external-memory graph analytics over the warehouse's storage (GraFBoost).
 //!
-//! The jobs themselves are `quarry_storage::graph_job`: embedded, they run in this process over
+//! The jobs themselves are `quarry_graph_jobs`: embedded, they run in this process over
 //! the warehouse; with `--nodes`, on the storage node that holds the graph, which returns only
 //! the summary (the result table stays on the node, for `quarry sql --nodes`). Importing an edge
 //! file reads a local file and so runs only on a local warehouse.
@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use quarry_flight::RemoteStorageNode;
 use quarry_storage::StorageNode;
 use quarry_graph::{Cancel, Progress, ProgressEvent};
-use quarry_storage::graph_job::{GraphAlgorithm, GraphJob, GraphJobOutput, import_graph_file, run_graph_job};
+use quarry_graph_jobs::{GraphAlgorithm, GraphJob, GraphJobOutput, import_graph_file, run_graph_job, run_on_node};
 use quarry_table::Warehouse;
 
 use crate::target::Target;
@@ -198,7 +198,7 @@ async fn run_on_nodes(target: &Target, job: GraphJob) -> CliResult<Vec<(Option<S
 }
 
 async fn call_node(node: &RemoteStorageNode, job: GraphJob) -> CliResult<(Option<String>, GraphJobOutput)> {
-    let output = node.run_graph_job(job).await.map_err(|e| format!("node {}: {}", node.name(), quarry_engine::user_message(&e)))?;
+    let output = run_on_node(node, &job).await.map_err(|e| format!("node {}: {}", node.name(), quarry_engine::user_message(&e)))?;
     Ok((Some(node.name().to_string()), output))
 }
 

@@ -177,4 +177,4 @@ pub fn with_runtime<T>(threads: usize, future: impl std::future::Future<Output =
     runtime.block_on(future)
 }
 
-pub use quarry_storage::graph_job::peak_rss_bytes;
+pub use quarry_graph_jobs::peak_rss_bytes;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use quarry_flight::{ServeOptions, TlsIdentity, read_token_file, serve};
+use quarry_graph_jobs::GraphJobs;
 use quarry_storage::{DeviceProfile, LocalStorageNode, parse_size};
 use quarry_table::Warehouse;
 
@@ -87,7 +88,7 @@ pub fn run(target: &Target, args: ServeArgs, threads: usize) -> CliResult {
         }
         let write_lease = Duration::from_secs_f64(args.write_lease);
         let options = ServeOptions { listen: args.listen, token, metrics_listen: args.metrics_listen, tls, insecure: args.tls.insecure };
-        let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)).with_write_lease(write_lease));
+        let node = Arc::new(node.with_name(format!("grpc://{}", args.listen)).with_write_lease(write_lease).with_jobs(Arc::new(GraphJobs)));
         if let Some(path) = &args.io_trace {
             node.record_io_trace(path)?;
         }

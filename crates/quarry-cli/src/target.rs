@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use quarry_engine::{EngineOptions, Objective, PushdownMode, QuarrySession, user_message};
 use quarry_flight::{RemoteStorageNode, read_token_file, upload_table};
+use quarry_graph_jobs::GraphJobs;
 use quarry_model::energy::HostPower;
 use quarry_storage::{DeviceProfile, LocalStorageNode, StorageNode};
 use quarry_table::manifest::storage_schema;
@@ -71,7 +72,7 @@ impl Target {
             Some(name) => LocalStorageNode::with_profile(warehouse, DeviceProfile::load(name)?).map_err(|e| user_message(&e))?,
             None => LocalStorageNode::new(warehouse),
         };
-        Ok(vec![Arc::new(node)])
+        Ok(vec![Arc::new(node.with_jobs(Arc::new(GraphJobs)))])
     }
 
     /// Runs `write` (which writes tables into the warehouse directory it is given). With

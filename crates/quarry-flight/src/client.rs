@@ -21,7 +21,6 @@ use arrow::datatypes::SchemaRef;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use quarry_storage::graph_job::{GraphJob, GraphJobOutput};
 use quarry_storage::view_compaction::link_batches;
 use quarry_storage::{BeginWrite, Fragment, NodeDescription, ScanMessage, ScanStats, ScanStream, SegmentRead, StorageNode, TableInfo};
 use tonic::codegen::InterceptedService;
@@ -246,8 +245,8 @@ impl StorageNode for RemoteStorageNode {
         self.action_json(action::COMMIT_WRITE, &CommitWrite { write: write.to_string(), properties }).await
     }
 
-    async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
-        self.action_json(action::GRAPH, &job).await
+    async fn run_job(&self, job: Vec<u8>) -> Result<Vec<u8>> {
+        self.action(action::JOB, job).await.map(Vec::from)
     }
 
     async fn abort_write(&self, write: &str) -> Result<()> {

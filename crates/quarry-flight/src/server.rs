@@ -6,7 +6,7 @@
 //!   stream without that closing message, or whose numbers skip, repeat or go back, is damaged,
 //!   and the host treats it as an error.
 //! - `do_action`: `list_tables`, `table_info`, `describe`, `scrub`, `read_segment` (stored bytes, for
-//!   passthrough), `graph`, and the write transaction `begin_write` / `commit_write` /
+//!   passthrough), `job` (a graph job, say), and the write transaction `begin_write` / `commit_write` /
 //!   `abort_write`.
 //! - `do_put`: one segment of a write in progress.
 //!
@@ -30,7 +30,6 @@ use datafusion::error::DataFusionError;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use quarry_storage::{LinkCodec, LocalStorageNode, ScanMessage, ScanStats, SegmentRead, StorageNode};
-use quarry_storage::graph_job::GraphJob;
 use quarry_storage::view_compaction::link_batches;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::transport::server::TcpIncoming;
@@ -369,10 +368,8 @@ impl FlightService for NodeService {
                 let tables: Vec<String> = parse(body, "scrub")?;
                 json(&self.node.scrub(tables).await.map_err(status)?)?
             }
-            action::GRAPH => {
-                let job: GraphJob = parse(body, "graph")?;
-                json(&self.node.run_graph_job(job).await.map_err(status)?)?
-            }
+            // The node parses the job (its `NodeJobs`) and answers in the job's own bytes.
+            action::JOB => arrow_flight::Result { body: self.node.run_job(body.to_vec()).await.map_err(status)?.into() },
             action::BEGIN_WRITE => json(&self.node.begin_write(parse::<BeginWrite>(body, "begin_write")?).await.map_err(status)?)?,
             action::COMMIT_WRITE => {
                 let commit: CommitWrite = parse(body, "commit_write")?;
@@ -397,7 +394,7 @@ impl FlightService for NodeService {
             action::BEGIN_WRITE,
             action::COMMIT_WRITE,
             action::ABORT_WRITE,
-            action::GRAPH,
+            action::JOB,
             action::SCRUB,
         ]
             .map(|name| Ok(ActionType { r#type: name.into(), description: String::new() }));

@@ -29,8 +29,9 @@ pub mod action {
     pub const COMMIT_WRITE: &str = "commit_write";
     /// Abort a write transaction.
     pub const ABORT_WRITE: &str = "abort_write";
-    /// Run a graph job on the node (`quarry_storage::graph_job`); returns its summary.
-    pub const GRAPH: &str = "graph";
+    /// Run one of the node's jobs (`quarry_storage::NodeJobs`, e.g. a graph job of
+    /// `quarry-graph-jobs`); the body and the answer are the job's own.
+    pub const JOB: &str = "job";
     /// Stored bytes of a segment (`quarry_storage::SegmentRead`, passthrough); the answer is
     /// the ranges' bytes in order, in results of at most [`super::STORED_BYTES_CHUNK`] bytes,
     /// each with its offset in the answer ([`super::encode_stored_chunk`]).

@@ -18,7 +18,6 @@ use futures::stream::BoxStream;
 use quarry_table::PageEncoding;
 use serde::{Deserialize, Serialize};
 
-use crate::graph_job::{GraphJob, GraphJobOutput};
 use crate::profile::NodeDescription;
 
 /// What a host needs to plan over a table: its committed version, schema and segments.
@@ -437,10 +436,11 @@ pub trait StorageNode: Debug + Send + Sync {
     async fn commit_write(&self, write: &str, properties: Vec<(String, String)>) -> Result<u64>;
     /// Aborts a write: its segment files are removed and the table's lock released.
     async fn abort_write(&self, write: &str) -> Result<()>;
-    /// Runs a graph job next to the data (or lists the node's graphs, or makes one). Only its
-    /// summary comes back; a run's result is a table of the node. Dropping the future (the host
-    /// went away) cancels the job.
-    async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput>;
+    /// Runs a job next to the data: `job` is a request body of the node's jobs
+    /// ([`crate::NodeJobs`], e.g. a graph job of `quarry-graph-jobs`, which also reads the
+    /// reply). Only the reply comes back; what a job writes stays on the node. Dropping the
+    /// future (the host went away) cancels the job. A node made without jobs refuses.
+    async fn run_job(&self, job: Vec<u8>) -> Result<Vec<u8>>;
 }
 
 /// What a host asks to begin writing a table on a node.

@@ -50,7 +50,6 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
-use quarry_graph::Cancel;
 use quarry_table::segment::conform_batch;
 use quarry_table::{PageEncoding, ScrubReport, SegmentMeta, SegmentOptions, TableSnapshot, TableWriter, Warehouse, WriteMode};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -64,7 +63,7 @@ use crate::admission::{Admission, MemoryAdmission};
 use crate::blocking::blocking;
 use crate::grace_join::GraceHashJoinExec;
 use crate::node_ops::NodeOp;
-use crate::graph_job::{GraphHome, GraphJob, GraphJobOutput, run_graph_job};
+use crate::node_job::NodeJobs;
 use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
@@ -102,6 +101,8 @@ pub struct LocalStorageNode {
     writes: std::sync::Mutex<HashMap<String, PendingWrite>>,
     next_write: AtomicU64,
     write_lease: Duration,
+    /// The jobs it runs beside fragments (none unless registered).
+    jobs: Option<Arc<dyn NodeJobs>>,
 }
 
 /// A write transaction a host began: it holds the table's lock until committed, aborted, or
@@ -147,8 +148,14 @@ fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
 }
 
 /// Scrubs `tables` of `warehouse` on a blocking thread, each block read within `limit` and
-/// counted.
-async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Arc<BandwidthLimiter>>, counters: Arc<NodeCounters>) -> Result<ScrubReport> {
+/// counted; with no tables named, the files of the node's `jobs` too.
+async fn scrub_paced(
+    warehouse: Warehouse,
+    tables: Vec<String>,
+    jobs: Option<Arc<dyn NodeJobs>>,
+    limit: Option<Arc<BandwidthLimiter>>,
+    counters: Arc<NodeCounters>,
+) -> Result<ScrubReport> {
     let runtime = tokio::runtime::Handle::current();
     let scrub = tokio::task::spawn_blocking(move || {
         let mut pace = |bytes: u64| {
@@ -158,8 +165,8 @@ async fn scrub_paced(warehouse: Warehouse, tables: Vec<String>, limit: Option<Ar
             }
         };
         let mut report = warehouse.scrub(&tables, &mut pace).map_err(table_error)?;
-        if tables.is_empty() {
-            GraphHome::open(&warehouse).and_then(|graphs| graphs.scrub(&mut pace, &mut report)).map_err(DataFusionError::Execution)?;
+        if let (true, Some(jobs)) = (tables.is_empty(), jobs) {
+            jobs.scrub(&warehouse, &mut pace, &mut report).map_err(DataFusionError::Execution)?;
         }
         Ok(report)
     });
@@ -246,6 +253,7 @@ impl LocalStorageNode {
             writes: Default::default(),
             next_write: AtomicU64::new(0),
             write_lease: DEFAULT_WRITE_LEASE,
+            jobs: None,
             warehouse,
             state,
             profile,
@@ -289,6 +297,12 @@ impl LocalStorageNode {
         Ok(Arc::clone(&pending.writer))
     }
 
+    /// Runs `jobs` (and scrubs their files with the tables).
+    pub fn with_jobs(mut self, jobs: Arc<dyn NodeJobs>) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
     /// Names the node (its listen address) in messages and metrics.
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -314,7 +328,7 @@ impl LocalStorageNode {
         self.link.clone()
     }
 
-    /// Scrubs every table and graph in the background, over and over: a pass reading at most
+    /// Scrubs every table (and the files of the node's jobs, its graphs) in the background, over and over: a pass reading at most
     /// `mbps` MB/s, then `pause`. Damage is reported on stderr and counted in the metrics
     /// (`quarry_node_scrub_damage`: what the last pass found). Ends when the node is dropped.
     pub fn start_background_scrub(self: &Arc<Self>, mbps: f64, pause: Duration) -> tokio::task::JoinHandle<()> {
@@ -322,11 +336,11 @@ impl LocalStorageNode {
         tokio::spawn(async move {
             loop {
                 let Some(this) = node.upgrade() else { return };
-                let (warehouse, counters) = (this.warehouse.clone(), Arc::clone(&this.counters));
+                let (warehouse, counters, jobs) = (this.warehouse.clone(), Arc::clone(&this.counters), this.jobs.clone());
                 let name = this.name.clone();
                 drop(this);
                 let limit = Some(Arc::new(BandwidthLimiter::new(mbps)));
-                match scrub_paced(warehouse, Vec::new(), limit, Arc::clone(&counters)).await {
+                match scrub_paced(warehouse, Vec::new(), jobs, limit, Arc::clone(&counters)).await {
                     Ok(report) => {
                         for damage in &report.damage {
                             eprintln!("quarry: {name}: scrub found damage in {} {}: {}", damage.name, damage.location(), damage.reason);
@@ -748,35 +762,34 @@ impl StorageNode for LocalStorageNode {
 
     async fn scrub(&self, tables: Vec<String>) -> Result<ScrubReport> {
         let limit = self.profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
-        scrub_paced(self.warehouse.clone(), tables, limit, Arc::clone(&self.counters)).await
+        scrub_paced(self.warehouse.clone(), tables, self.jobs.clone(), limit, Arc::clone(&self.counters)).await
     }
 
-    // A graph job runs as one session: it waits for a grant like a fragment, runs on the
-    // device's threads, and may not ask for more than the device's memory.
-    async fn run_graph_job(&self, job: GraphJob) -> Result<GraphJobOutput> {
-        if let (Some(asked), Some(memory)) = (job.memory_bytes(), self.profile.device_memory)
+    // A job runs as one session: it waits for a grant like a fragment, runs on the device's
+    // threads, and may not ask for more than the device's memory.
+    async fn run_job(&self, body: Vec<u8>) -> Result<Vec<u8>> {
+        let jobs = self.jobs.as_ref().ok_or_else(|| DataFusionError::Plan(format!("storage node {} runs no jobs", self.name)))?;
+        let job = jobs.parse(&body).map_err(DataFusionError::Plan)?;
+        let Some(asked) = job.memory_bytes() else {
+            return job.run(&self.warehouse, 1, Arc::default()).map_err(DataFusionError::Execution);
+        };
+        if let Some(memory) = self.profile.device_memory
             && asked > memory
         {
-            return plan_err!("the graph job asks for {asked} bytes of memory; this node's device has {memory}");
-        }
-        // Listing reads directory entries: no grant, so a host can find its graph while the
-        // node's slots are busy.
-        if job == GraphJob::List {
-            return run_graph_job(&self.warehouse, job, 1, None, Cancel::default()).map_err(DataFusionError::Execution);
+            return plan_err!("the job asks for {asked} bytes of memory; this node's device has {memory}");
         }
         let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         // Its weighted demand is its whole budget: it holds it throughout.
-        let asked = job.memory_bytes().unwrap_or(0);
         let admitted = self.admission.admit(asked.min(self.profile.memory()), ADMISSION_PATIENCE).await;
-        let memory = (admitted, self.reserve_waiting("graph job", asked as usize).await);
+        let memory = (admitted, self.reserve_waiting("job", asked as usize).await);
         let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
         let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
         let flag = Arc::clone(&cancel.0);
         let job = tokio::task::spawn_blocking(move || {
             let (_session, _memory) = (session, memory);
-            run_graph_job(&warehouse, job, threads, None, Cancel::new(flag))
+            job.run(&warehouse, threads, flag)
         });
-        let output = job.await.map_err(|e| DataFusionError::Execution(format!("graph job failed: {e}")))?;
+        let output = job.await.map_err(|e| DataFusionError::Execution(format!("job failed: {e}")))?;
         drop(cancel);
         output.map_err(DataFusionError::Execution)
     }
@@ -919,7 +932,7 @@ impl StorageNode for LocalStorageNode {
     }
 }
 
-/// Sets its flag when dropped: a graph job's future dropped before the job ended cancels it.
+/// Sets its flag when dropped: a job's future dropped before the job ended cancels it.
 struct CancelOnDrop(Arc<AtomicBool>);
 
 impl Drop for CancelOnDrop {

@@ -7,6 +7,9 @@
 //! scratch files go to `<warehouse>/.graphs/.tmp/`, and leftovers of killed runs are removed at
 //! the start of every job. An algorithm's result is committed as the warehouse table
 //! `<graph>_<algorithm>` (vertex, value columns) unless the job names another.
+//!
+//! Storage knows nothing of graphs: a node runs them as one of its jobs ([`GraphJobs`], the
+//! `quarry_storage::NodeJobs` a node is made with), and a host sends one with [`run_on_node`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +22,9 @@ use quarry_graph::{Cancel, EngineConfig, Graph, GraphBuilder, ImportOptions, Imp
 use quarry_table::ingest::write_batches;
 use quarry_table::{Damage, ScrubReport, SegmentOptions, TableError, Warehouse, WriteMode};
 use serde::{Deserialize, Serialize};
+
+mod node;
+pub use node::{GraphJobs, run_on_node};
 
 /// The algorithms a job can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
