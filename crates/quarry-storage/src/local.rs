@@ -771,7 +771,8 @@ impl StorageNode for LocalStorageNode {
         let jobs = self.jobs.as_ref().ok_or_else(|| DataFusionError::Plan(format!("storage node {} runs no jobs", self.name)))?;
         let job = jobs.parse(&body).map_err(DataFusionError::Plan)?;
         let Some(asked) = job.memory_bytes() else {
-            return job.run(&self.warehouse, 1, Arc::default()).map_err(DataFusionError::Execution);
+            let warehouse = self.warehouse.clone();
+            return blocking("a job", move || job.run(&warehouse, 1, Arc::default()).map_err(DataFusionError::Execution)).await;
         };
         if let Some(memory) = self.profile.device_memory
             && asked > memory
