@@ -12,7 +12,9 @@ Then CLIENTS threads, each its own seeded random mix, run until DURATION has pas
   count and sum checked against every append the client made so far;
 - a graph job (weakly connected components, into the client's own table), its components'
   count and sum checked against the first run's.
-Each node's resident memory is sampled while they run; its peak (VmHWM) is read at the end.
+Each node's resident memory, and from its metrics (`quarry serve --metrics-listen`) the bytes
+reserved from its memory pool and the demand it has admitted, are sampled while they run; its
+resident peak (VmHWM) and how much work it admitted past its budget are read at the end.
 
 The report (JSON and Markdown, with the command and commit) gives operations done, wrong
 answers, errors, p50/p99 latency per kind, and each node's peak memory against its device
@@ -28,11 +30,13 @@ import contextlib
 import json
 import random
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +80,28 @@ def node_memory_kib(pid: int) -> dict[str, int]:
     except OSError:
         return {}
     return {key: int(rest.split()[0]) for key, _, rest in (ln.partition(":") for ln in lines) if rest.strip().endswith("kB")}
+
+
+def free_port() -> int:
+    """A loopback port free now (for a node's metrics listener)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# A node's metrics the soak samples: the pool's reserved bytes and the admitted demand (peaks),
+# and the admissions past the budget (a count, read at the end).
+POOL_RESERVED, ADMITTED_DEMAND, OVERCOMMITTED = "quarry_node_memory_reserved_bytes", "quarry_node_admitted_demand_bytes", "quarry_node_admissions_overcommitted_total"
+
+
+def node_metrics(port: int) -> dict[str, float]:
+    """The node's Prometheus metrics by name (one sample each); empty if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def node_warehouse(work: Path, suite: str, index: int) -> Path:
@@ -181,11 +207,15 @@ def main() -> int:
     # NODES nodes (the last under --device-memory); appends and graph jobs go to TPC-H's.
     groups: dict[str, list[q.StorageNodes]] = {}
     nodes_running = contextlib.ExitStack()
+    metrics_ports: list[int] = []
     try:
         for suite in SUITES:
             # The last node of each suite under the device memory.
             extra = [[]] * (args.nodes - 1) + [["--device-memory", args.device_memory]]
-            groups[suite] = [nodes_running.enter_context(q.StorageNodes([node_warehouse(work, suite, i)], e)) for i, e in enumerate(extra)]
+            ports = [free_port() for _ in extra]
+            metrics_ports += ports
+            groups[suite] = [nodes_running.enter_context(q.StorageNodes([node_warehouse(work, suite, i)], [*e, "--metrics-listen", f"127.0.0.1:{port}"]))
+                             for i, (e, port) in enumerate(zip(extra, ports))]
         urls = {suite: ",".join(n.arg for n in nodes) for suite, nodes in groups.items()}
         all_nodes = [(suite, i, n) for suite, nodes in groups.items() for i, n in enumerate(nodes)]
         pids = [n.procs[0].pid for _, _, n in all_nodes]
@@ -208,13 +238,13 @@ def main() -> int:
         soak = Soak(args, urls, work, expected, graph_expected)
         # Resident memory, and its anonymous part: segment reads map the files, and the page
         # cache's pages of a mapped file count as resident too.
-        peaks = {key: [0] * len(pids) for key in ("VmRSS", "RssAnon", "RssFile")}
+        peaks = {key: [0] * len(pids) for key in ("VmRSS", "RssAnon", "RssFile", POOL_RESERVED, ADMITTED_DEMAND)}
         sampling = threading.Event()
 
         def sample() -> None:
             while not sampling.is_set():
-                for i, pid in enumerate(pids):
-                    now = node_memory_kib(pid)
+                for i, (pid, port) in enumerate(zip(pids, metrics_ports)):
+                    now = {**node_memory_kib(pid), **{k: v / 1024 for k, v in node_metrics(port).items()}}
                     for key, peak in peaks.items():
                         peak[i] = max(peak[i], now.get(key, 0))
                 sampling.wait(0.5)
@@ -232,6 +262,7 @@ def main() -> int:
         sampling.set()
         sampler.join()
         hwm = [node_memory_kib(p).get("VmHWM") for p in pids]
+        overcommitted = [node_metrics(port).get(OVERCOMMITTED) for port in metrics_ports]
         exited = [n.procs[0].poll() for _, _, n in all_nodes]
     finally:
         nodes_running.close()
@@ -253,7 +284,9 @@ def main() -> int:
         device = args.device_memory if index == args.nodes - 1 else None
         node_rows.append({"suite": suite, "url": n.arg, "device_memory": device, "idle_rss_mib": (idle_kib[i] or 0) / 1024,
                           "peak_rss_mib": peaks["VmRSS"][i] / 1024,
-                          "peak_anon_mib": peaks["RssAnon"][i] / 1024, "peak_file_mib": peaks["RssFile"][i] / 1024, "vm_hwm_mib": (hwm[i] or 0) / 1024, "exit_status_during_soak": exited[i]})
+                          "peak_anon_mib": peaks["RssAnon"][i] / 1024, "peak_file_mib": peaks["RssFile"][i] / 1024, "vm_hwm_mib": (hwm[i] or 0) / 1024,
+                          "peak_pool_reserved_mib": peaks[POOL_RESERVED][i] / 1024, "peak_admitted_demand_mib": peaks[ADMITTED_DEMAND][i] / 1024,
+                          "admissions_overcommitted": overcommitted[i], "exit_status_during_soak": exited[i]})
     report = {
         "command": " ".join(sys.argv),
         "git": q.git_state(),
@@ -284,11 +317,15 @@ def main() -> int:
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines += [f"| {k} | {v['done']} | {fmt(v['p50_s'])} | {fmt(v['p99_s'])} |" for k, v in kinds.items()]
     lines += ["", "Node memory in MiB: resident when idle; peaks sampled every 0.5 s (resident, its anonymous part, its"
-              " file-mapped part); VmHWM, the kernel's resident peak.", "",
-              "| suite | node | device memory | idle | peak resident | peak anonymous | peak file-mapped | VmHWM |",
-              "|---|---|---|---|---|---|---|---|"]
+              " file-mapped part; the bytes reserved from the node's memory pool and the weighted demand it had admitted);"
+              " VmHWM, the kernel's resident peak; and the work the node admitted past its budget (its admitted work stalled,"
+              " or the wait reached its limit).", "",
+              "| suite | node | device memory | idle | peak resident | peak anonymous | peak file-mapped | VmHWM | peak pool reserved | peak admitted demand | admitted past budget |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    count = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     lines += [f"| {n['suite']} | {n['url']} | {n['device_memory'] or '-'} | {n['idle_rss_mib']:.0f} | {n['peak_rss_mib']:.0f} |"
-              f" {n['peak_anon_mib']:.0f} | {n['peak_file_mib']:.0f} | {n['vm_hwm_mib']:.0f} |" for n in node_rows]
+              f" {n['peak_anon_mib']:.0f} | {n['peak_file_mib']:.0f} | {n['vm_hwm_mib']:.0f} | {n['peak_pool_reserved_mib']:.0f} |"
+              f" {n['peak_admitted_demand_mib']:.0f} | {count(n['admissions_overcommitted'])} |" for n in node_rows]
     lines += [""] + [f"- wrong: {w}" for w in tally.wrong[:20]] + [f"- error: {e}" for e in tally.errors[:20]]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -222,11 +222,19 @@ def test_bench_modes_verdict():
     import bench_modes as bm
 
     def runs(auto, on, off, on_match=True, off_error=None):
-        mk = lambda best, match=True, error=None: {"best_ms": best, "match": match, "error": error, "plan": None}
-        return {"auto": mk(auto), "on": mk(on, on_match), "off": mk(off, True, off_error)}
+        # the median is the time given; the best, 1 ms less (auto's 5 ms less)
+        mk = lambda median, match=True, error=None, lead=1.0: {"median_ms": median, "best_ms": None if median is None else median - lead,
+                                                               "match": match, "error": error, "plan": None}
+        return {"auto": mk(auto, lead=5.0), "on": mk(on, on_match), "off": mk(off, True, off_error)}
 
     v = bm.verdict(runs(10.0, 12.0, 9.5), max_ratio=1.10)
     assert v["better"] == "off" and v["auto_over_best"] == pytest.approx(10 / 9.5) and v["failures"] == []
+    assert v["statistic"] == "median" and v["auto_over_best_by_best"] == pytest.approx(5 / 8.5)
+    # judged by the best times instead: the same runs, the other ratio
+    v = bm.verdict(runs(20.0, 12.0, 14.0), max_ratio=1.10, statistic="best")
+    assert v["auto_over_best"] == pytest.approx(15 / 11) and v["auto_over_best_by_median"] == pytest.approx(20 / 12)
+    assert v["failures"] == ["auto 1.36x on > --max-ratio 1.1"]
+    assert "auto/best  1.36 (median  1.67)" in bm.query_line({"name": "q01", "placement": "node", "modes": runs(20.0, 12.0, 14.0), **v})
     v = bm.verdict(runs(20.0, 10.0, 30.0), max_ratio=1.10)
     assert v["better"] == "on" and v["failures"] == ["auto 2.00x on > --max-ratio 1.1"]
     v = bm.verdict(runs(10.0, 10.0, None, on_match=False, off_error="boom"), max_ratio=1.10)

@@ -59,7 +59,7 @@ use crate::api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperator
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
-use crate::admission::{Admission, MemoryAdmission};
+use crate::admission::{Admission, MemoryAdmission, Patience, PoolHold};
 use crate::blocking::blocking;
 use crate::grace_join::GraceHashJoinExec;
 use crate::node_ops::NodeOp;
@@ -124,9 +124,10 @@ fn table_write_error(e: impl fmt::Display) -> DataFusionError {
     DataFusionError::Execution(e.to_string())
 }
 
-/// How long work waits for its weighted demand to fit before it is admitted anyway (see
-/// `admission.rs`: what it then takes, the memory pool still bounds).
-const ADMISSION_PATIENCE: Duration = Duration::from_secs(2);
+/// How long work waits for its weighted demand (and a fragment's scans, for their memory) before
+/// it is admitted anyway: 2 s with no admitted work making progress (a stall: the host may be
+/// waiting on the work that waits), 30 s in all (see `admission.rs`).
+const ADMISSION_PATIENCE: Patience = Patience { stalled: Duration::from_secs(2), limit: Duration::from_secs(30) };
 
 /// How long a write lives without a segment arriving, unless the node is told otherwise.
 const DEFAULT_WRITE_LEASE: Duration = Duration::from_secs(60);
@@ -386,11 +387,14 @@ impl LocalStorageNode {
     pub fn metrics_text(&self) -> String {
         let c = &self.counters;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let node_only: [(&str, &str, &str, u64); 9] = [
+        let node_only: [(&str, &str, &str, u64); 12] = [
             ("quarry_node_fragments_total", "counter", "Fragments started", load(&c.fragments_started)),
             ("quarry_node_fragments_rejected_total", "counter", "Fragments rejected by validation", load(&c.fragments_rejected)),
             ("quarry_node_fragments_active", "gauge", "Fragments running now", load(&c.fragments_active)),
             ("quarry_node_fragments_queued", "gauge", "Fragments waiting for admission", load(&c.fragments_queued)),
+            ("quarry_node_admitted_demand_bytes", "gauge", "Weighted memory demand of the admitted work", self.admission.admitted_bytes()),
+            ("quarry_node_admissions_overcommitted_total", "counter", "Work admitted though its demand did not fit (admitted work stalled, or the wait reached its limit)", self.admission.overcommitted()),
+            ("quarry_node_memory_reserved_bytes", "gauge", "Bytes reserved from the node's memory pool (operators, fragments' scans, jobs)", self.state.runtime_env().memory_pool.reserved() as u64),
             ("quarry_node_bytes_read_total", "counter", "Bytes read from segment files (fragments, passthrough reads and scrubs)", self.store.bytes_read()),
             ("quarry_node_stored_bytes_served_total", "counter", "Stored segment bytes served to hosts (passthrough)", load(&c.stored_bytes_served)),
             ("quarry_node_scrub_bytes_total", "counter", "Bytes read and checked by scrubs", load(&c.scrub_bytes)),
@@ -528,8 +532,9 @@ impl LocalStorageNode {
     /// The memory a fragment's scans hold at once: for each leaf, its largest row group of the
     /// columns it reads, decompressed (the manifest's uncompressed bytes per row group), twice
     /// (the pages, and the arrays decoded from them), once for each partition reading at once.
-    /// Scans decode outside the memory pool, so admission is where they are bounded (the soak's
-    /// 512 MB node reached 702 MiB when only the host's estimate counted).
+    /// Scans decode outside the operators' reservations, so admission counts this, and on a
+    /// device holds it from the pool while the fragment runs (the soak's 512 MB node reached
+    /// 702 MiB when only the host's estimate counted).
     fn scan_demand(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<u64> {
         let mut demand = 0u64;
         plan.apply(|node| {
@@ -781,7 +786,7 @@ impl StorageNode for LocalStorageNode {
         }
         let session = Arc::clone(&self.sessions).acquire_owned().await.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         // Its weighted demand is its whole budget: it holds it throughout.
-        let admitted = self.admission.admit(asked.min(self.profile.memory()), ADMISSION_PATIENCE).await;
+        let admitted = self.admission.admit(asked.min(self.profile.memory()), None, ADMISSION_PATIENCE).await;
         let memory = (admitted, self.reserve_waiting("job", asked as usize).await);
         let (warehouse, threads) = (self.warehouse.clone(), self.profile.threads());
         let cancel = CancelOnDrop(Arc::new(AtomicBool::new(false)));
@@ -862,8 +867,17 @@ impl StorageNode for LocalStorageNode {
         };
         // A session slot, then room for the fragment's weighted memory demand: the host's
         // estimate of its operators, and its scans' working set, which only the node knows.
-        let demand = fragment.demand.saturating_add(scan_demand).min(self.profile.memory());
-        let memory = self.admission.admit(demand, ADMISSION_PATIENCE).await;
+        let memory_bytes = self.profile.memory();
+        let demand = fragment.demand.saturating_add(scan_demand).min(memory_bytes);
+        // On a device, the scans' working set is also held from the pool the operators reserve
+        // from, so the two share the device's one budget. A node without a device memory has no
+        // budget to keep (its pool is a ceiling for operators), and holding there would only
+        // take room from joins.
+        let scans = self.profile.device_memory.is_some().then(|| PoolHold {
+            reservation: MemoryConsumer::new("fragment scans").register(&self.state.runtime_env().memory_pool),
+            bytes: scan_demand.min(memory_bytes) as usize,
+        });
+        let memory = self.admission.admit(demand, scans, ADMISSION_PATIENCE).await;
         counters.fragments_queued.fetch_sub(1, Ordering::Relaxed);
         let session = admitted.map_err(|_| DataFusionError::Execution("node is shutting down".into()))?;
         let queued_ns = started.elapsed().as_nanos() as u64;
@@ -882,7 +896,7 @@ impl StorageNode for LocalStorageNode {
         let mut workers = JoinSet::new();
         for partition in 0..partitions {
             let stream = plan.execute(partition, Arc::clone(&ctx))?;
-            workers.spawn(drive_partition(stream, tx.clone(), pacing.clone(), Arc::clone(&cpu)));
+            workers.spawn(drive_partition(stream, tx.clone(), pacing.clone(), Arc::clone(&cpu), Arc::clone(&self.admission)));
         }
         drop(tx);
         counters.fragments_active.fetch_add(1, Ordering::Relaxed);
@@ -960,7 +974,7 @@ struct WorkerTimes {
 /// gives it back: the device's flash channels read while its cores compute) and, after it, the
 /// worker pauses, still holding the thread, for the time the slower device CPU would have
 /// needed beyond ours.
-async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>) {
+async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>, admission: Arc<MemoryAdmission>) {
     // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in sleeps of at
     // least MIN_SLEEP, since a timer rounds each sleep up to its resolution (1 ms): paying
     // every step's few microseconds separately would slow the device far below its profile.
@@ -982,6 +996,7 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
         }
         drop::<Option<OwnedSemaphorePermit>>(permit);
         let Some(item) = item else { return };
+        admission.progressed();
         let failed = item.is_err();
         if tx.send(item).await.is_err() || failed {
             return;
