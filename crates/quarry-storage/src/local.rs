@@ -870,12 +870,13 @@ impl StorageNode for LocalStorageNode {
         let memory_bytes = self.profile.memory();
         let demand = fragment.demand.saturating_add(scan_demand).min(memory_bytes);
         // On a device, the scans' working set is also held from the pool the operators reserve
-        // from, so the two share the device's one budget. A node without a device memory has no
-        // budget to keep (its pool is a ceiling for operators), and holding there would only
-        // take room from joins.
+        // from, so the two share the device's one budget: at most half of it, for the fragment's
+        // own operators need the rest (a 256 KB device's Grace join was refused 776 bytes while
+        // its scans held the whole pool). A node without a device memory has no budget to keep
+        // (its pool is a ceiling for operators), and holding there would only take room from joins.
         let scans = self.profile.device_memory.is_some().then(|| PoolHold {
             reservation: MemoryConsumer::new("fragment scans").register(&self.state.runtime_env().memory_pool),
-            bytes: scan_demand.min(memory_bytes) as usize,
+            bytes: scan_demand.min(memory_bytes / 2) as usize,
         });
         let memory = self.admission.admit(demand, scans, ADMISSION_PATIENCE).await;
         counters.fragments_queued.fetch_sub(1, Ordering::Relaxed);
