@@ -139,14 +139,17 @@ impl MemoryAdmission {
             Some(h) => return Err(Some(h)),
             None => None,
         };
-        admitted.bytes += demand;
-        admitted.count += 1;
-        Ok(Admission { controller: Arc::clone(self), demand, _held: held })
+        Ok(self.record(&mut admitted, demand, held))
     }
 
     /// Admits `demand` whether it fits or not.
     fn admit_now(self: &Arc<Self>, demand: u64, held: Option<MemoryReservation>) -> Admission {
         let mut admitted = self.admitted.lock().expect("admission lock");
+        self.record(&mut admitted, demand, held)
+    }
+
+    /// Counts `demand` as admitted (under the lock) and returns its admission.
+    fn record(self: &Arc<Self>, admitted: &mut Admitted, demand: u64, held: Option<MemoryReservation>) -> Admission {
         admitted.bytes += demand;
         admitted.count += 1;
         Admission { controller: Arc::clone(self), demand, _held: held }
