@@ -15,8 +15,11 @@ parquet --output OUT --stats STATS``; a mode's time is the median (--statistic b
 ``wall_ms`` of --stats over its timed runs. The median is the default because one run's luck
 decides a best-of-N: on 2026-11-29 (SSB SF 10, 5 rounds) a mode's fastest run was up to 16%
 below its next fastest, and a query whose auto and on ran the same plan measured auto/on 1.17 by
-best and 0.98 by median. Both are printed and recorded. The modes are interleaved: one warm-up round (auto, on, off; not timed), then
---repeat rounds of auto, on, off, so drift in the machine's speed reaches all three alike.
+best and 0.98 by median. Both are printed and recorded. The modes are interleaved: one warm-up
+round (auto, on, off; not timed), then --repeat rounds, each starting one mode later than the
+last (on, off, auto; off, auto, on; ...), so drift in the machine's speed reaches all three alike
+and no mode always follows the same one (in a fixed order auto always ran right after off, a
+multi-second run moving GBs through the same node process).
 
 Placements (the same warehouse DIR):
     --embedded  (default) ``quarry --warehouse DIR ...``: the storage node runs inside the process
@@ -113,7 +116,7 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
                 "match": None, "mismatch": None, "plan": None} for m in MODES}
     outputs = {m: tmp / f"{m}.parquet" for m in MODES}
     for round_no in range(repeat + 1):
-        for mode in MODES:
+        for mode in round_order(round_no):
             r = runs[mode]
             if r["error"]:
                 continue
@@ -135,6 +138,12 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
     for p in outputs.values():
         p.unlink(missing_ok=True)
     return runs
+
+
+def round_order(round_no: int) -> tuple[str, ...]:
+    """The modes in the order round ``round_no`` runs them: each round starts one mode later."""
+    shift = round_no % len(MODES)
+    return MODES[shift:] + MODES[:shift]
 
 
 def plan_shape(stats: dict) -> list[str]:

@@ -264,6 +264,18 @@ def test_bench_modes_verdict():
     assert "same plan" not in bm.query_line({"name": "q06", "placement": "node", "modes": r, **v})
 
 
+def test_bench_modes_rounds_rotate_the_mode_order():
+    """Over any three consecutive rounds each mode runs once in each position."""
+    import bench_modes as bm
+
+    assert bm.round_order(0) == ("auto", "on", "off")
+    for first in range(4):
+        rounds = [bm.round_order(r) for r in range(first, first + 3)]
+        assert all(sorted(r) == sorted(bm.MODES) for r in rounds), rounds
+        for position in range(3):
+            assert sorted(r[position] for r in rounds) == sorted(bm.MODES), rounds
+
+
 def test_bench_modes_link_pacing_needs_a_node():
     """--link-mbps paces `quarry serve`'s link: embedded has none, so it is refused there."""
     import bench_modes as bm
