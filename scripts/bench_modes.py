@@ -142,8 +142,7 @@ def measure_query(path: Path, base_args: list[str], repeat: int, tmp: Path, time
 
 def round_order(round_no: int) -> tuple[str, ...]:
     """The modes in the order round ``round_no`` runs them: each round starts one mode later."""
-    shift = round_no % len(MODES)
-    return MODES[shift:] + MODES[:shift]
+    return q.round_order(MODES, round_no)
 
 
 def plan_shape(stats: dict) -> list[str]:

@@ -37,7 +37,8 @@ SYNTHETIC_RANGE = 100_000_000  # values are uniform over 0..this (quarry-gen's s
 
 def run_modes(urls: str, sql: str, modes: list[str], repeat: int, threads: int, host_rates: Path | None = None) -> dict[str, dict]:
     """Best-of stats of one query per pushdown mode. After a warm-up run of each, the modes take
-    turns (on, off, auto, on, ...), so drift in the machine's speed reaches all alike; queries
+    turns, each round starting one mode later (quarry_py.round_order), so drift in the machine's
+    speed reaches all alike and no mode always follows the same one; queries
     under a second get five times the rounds: their run-to-run noise (measured: 200 to 300 ms
     for the same plan of a 150 ms query, mostly the device CPU time the pacing multiplies) is a
     large share of them. ``host_rates``: the host's calibration file (the host runs on this
@@ -52,7 +53,7 @@ def run_modes(urls: str, sql: str, modes: list[str], repeat: int, threads: int, 
             shutil.copy(host_rates, host_dir / host_rates.name)
         rounds = 0
         while rounds <= repeat or (best and max(b["wall_ms"] for b in best.values()) < 1000 and rounds <= 5 * repeat):
-            for mode in modes:
+            for mode in q.round_order(modes, rounds):
                 q.run_quarry(
                     ["sql", "-f", sql_path, "--nodes", urls, "--pushdown", mode, "--threads", threads, "--format", "none", "--stats", stats_path],
                     host_dir,

@@ -957,6 +957,13 @@ def timed_quarry_sql(
     return SqlRun(float(report["wall_ms"]), process_ms, None, proc.stderr[-4000:], report)
 
 
+def round_order(modes: Sequence[str], round_no: int) -> tuple[str, ...]:
+    """The order interleaved modes run in round ``round_no``: each round starts one mode later,
+    so no mode always follows the same one (a heavy mode warms or disturbs the next run)."""
+    shift = round_no % len(modes)
+    return tuple(modes[shift:]) + tuple(modes[:shift])
+
+
 def relative_spread(times: Sequence[float]) -> float | None:
     """Run-to-run noise of one query: (max - min) / min of its timed runs; None with fewer than
     two runs (one run says nothing about noise) or a non-positive minimum."""
