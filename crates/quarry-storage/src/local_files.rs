@@ -13,6 +13,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::ops::Range;
 use std::path::Path as FsPath;
 
@@ -56,6 +57,18 @@ fn read_range(file: &File, path: &FsPath, range: Range<u64>) -> object_store::Re
         return Err(past_end(path, &range, buffer.len() as u64));
     }
     Ok(buffer.into())
+}
+
+/// Drops `path`'s pages from the page cache, writing them first (only clean pages are dropped).
+/// A hint: the kernel may keep some.
+pub fn evict_from_page_cache(path: &FsPath) -> std::io::Result<()> {
+    let file = File::open(path)?;
+    file.sync_all()?;
+    // SAFETY: posix_fadvise on an open descriptor has no memory effects.
+    match unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
+    }
 }
 
 fn past_end(path: &FsPath, range: &Range<u64>, available: u64) -> object_store::Error {
