@@ -142,4 +142,27 @@ mod tests {
         let missing = Path::from_filesystem_path(dir.path()).unwrap().join("missing");
         assert!(get_ranges(&files, &missing, &[0..1]).await.is_err());
     }
+
+    /// Pages of `path` in the page cache, as a map of it sees them.
+    fn cached_pages(path: &FsPath) -> usize {
+        let map = unsafe { memmap2::Mmap::map(&File::open(path).unwrap()) }.unwrap();
+        let mut present = vec![0u8; map.len().div_ceil(page_size() as usize)];
+        // SAFETY: a live mapping from a page boundary, one byte per page.
+        assert_eq!(unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), present.as_mut_ptr()) }, 0);
+        present.iter().filter(|p| *p & 1 == 1).count()
+    }
+
+    /// A file just written is in the page cache; evicted, none of it is. (In the crate's
+    /// directory, on the disk the warehouse lives on: a tmpfs keeps its pages.)
+    #[test]
+    fn evicted_files_leave_the_page_cache() {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("segment.bin");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        assert!(cached_pages(&path) > 0, "a file just written is cached");
+        evict_from_page_cache(&path).unwrap();
+        assert_eq!(cached_pages(&path), 0);
+        assert_eq!(std::fs::read(&path).unwrap(), vec![7u8; 1 << 20], "its bytes are unchanged");
+        assert!(evict_from_page_cache(&dir.path().join("missing")).is_err());
+    }
 }
