@@ -145,6 +145,7 @@ mod tests {
 
     /// Pages of `path` in the page cache, as a map of it sees them.
     fn cached_pages(path: &FsPath) -> usize {
+        // SAFETY: nothing writes the file while it is mapped.
         let map = unsafe { memmap2::Mmap::map(&File::open(path).unwrap()) }.unwrap();
         let mut present = vec![0u8; map.len().div_ceil(page_size() as usize)];
         // SAFETY: a live mapping from a page boundary, one byte per page.
