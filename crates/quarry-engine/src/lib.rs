@@ -19,7 +19,6 @@ pub mod magic_set;
 pub mod output;
 pub mod placement;
 pub mod progress;
-pub mod read_ahead;
 pub mod provider;
 pub mod scan;
 pub mod schema_text;

@@ -20,6 +20,7 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::common::spawn_buffered;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
 use futures::{StreamExt, TryStreamExt};
@@ -193,7 +194,11 @@ impl Run {
         let timer = self.probe_time.timer();
         let funcs = self.spec.aggregates.iter().map(|a| (a.func, a.domain)).collect::<Vec<_>>();
         let mut states = GroupedStates::new(funcs.clone(), tables.domain());
-        let partitions = (0..self.probe.output_partitioning().partition_count()).map(|p| self.probe.execute(p, Arc::clone(&context))).collect::<Result<Vec<_>>>()?;
+        // Each probe partition runs in a task of its own: polled together in this one, a probe
+        // left on the host ran on one core (SSB q4.1 on kim-isp-2015: ISSUE NOTE).
+        let partitions = (0..self.probe.output_partitioning().partition_count())
+            .map(|p| Ok(spawn_buffered(self.probe.execute(p, Arc::clone(&context))?, 2)))
+            .collect::<Result<Vec<_>>>()?;
         let mut partials = futures::stream::select_all(partitions);
         while let Some(partial) = partials.next().await {
             states.merge(&partial?)?;

@@ -18,7 +18,6 @@ use datafusion::datasource::physical_plan::parquet::DefaultParquetFileReaderFact
 use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::FileGroup;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -32,7 +31,6 @@ use object_store::{
     CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
     PutOptions, PutPayload, PutResult,
 };
-use crate::read_ahead::read_ahead;
 use quarry_storage::{FragmentProgress, ScanLeaf, ScanMessage, ScanStats, ScanStream, SegmentInfo, SegmentRead, StorageNode};
 
 /// The `store` a failed read from a node names in its `object_store::Error::Generic`, whose
@@ -79,20 +77,11 @@ pub fn stored_scan(
         source = source.with_predicate(predicate);
     }
     // The reader factory above reads every byte; the URL only names the files' home.
-    let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source)).with_limit(leaf.limit);
-    let files = segments.iter().map(|segment| PartitionedFile::new(SegmentStore::path(&leaf.table, leaf.version, &segment.id).to_string(), segment.bytes));
-    let batches = match leaf.limit {
-        // DataFusion's reader fetches a segment's column chunks only once the segment before is
-        // decoded, so the link and the host's CPU take turns. One scan per segment, each read
-        // ahead while the one before is consumed, overlaps them (SSB q4.1 on kim-isp-2015, its
-        // passthrough fragment: ISSUE NOTE).
-        None => {
-            let scan = DataSourceExec::from_data_source(config.with_file_groups(files.map(|file| FileGroup::new(vec![file])).collect()).build());
-            read_ahead((0..segments.len()).map(|i| scan.execute(i, Arc::clone(&context)).map(StreamExt::boxed)).collect::<Result<_>>()?)
-        }
-        // A limit is counted over the segments in turn; nothing is read ahead of it.
-        Some(_) => DataSourceExec::from_data_source(config.with_file_group(files.collect()).build()).execute(0, context)?,
-    };
+    let mut config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source)).with_limit(leaf.limit);
+    for segment in segments {
+        config = config.with_file(PartitionedFile::new(SegmentStore::path(&leaf.table, leaf.version, &segment.id).to_string(), segment.bytes));
+    }
+    let batches = DataSourceExec::from_data_source(config.build()).execute(0, context)?;
     let rows_returned = Count::new();
     let returned = rows_returned.clone();
     let closing = futures::stream::once(async move {
