@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -33,8 +32,7 @@ BUILDS = ("before", "after")
 
 
 def run(binary: str, args: list[str], sql_file: Path, scratch: Path, tag: str) -> q.SqlRun:
-    os.environ["QUARRY_BIN"] = binary
-    return q.timed_quarry_sql(args, sql_file, scratch / f"{tag}.parquet", scratch / f"{tag}.json")
+    return q.timed_quarry_sql(args, sql_file, scratch / f"{tag}.parquet", scratch / f"{tag}.json", binary=binary)
 
 
 def main() -> int:

@@ -927,16 +927,18 @@ def timed_quarry_sql(
     output: str | os.PathLike,
     stats: str | os.PathLike,
     timeout: float | None = 1800,
+    binary: str | None = None,
 ) -> SqlRun:
     """Run ``quarry GLOBAL_ARGS... sql -f FILE --format parquet --output OUT --stats STATS`` as
-    its own process and time it. Never raises for a failing query: the failure is in ``error``.
-    ``output`` and ``stats`` are removed first, so a failed run leaves no stale result behind."""
+    its own process and time it (``binary``, else :func:`quarry_bin`). Never raises for a failing
+    query: the failure is in ``error``. ``output`` and ``stats`` are removed first, so a failed
+    run leaves no stale result behind."""
     import time
 
     output, stats = Path(output), Path(stats)
     for p in (output, stats):
         p.unlink(missing_ok=True)
-    cmd = [quarry_bin(), *map(str, global_args), "sql", "-f", str(sql_file),
+    cmd = [binary or quarry_bin(), *map(str, global_args), "sql", "-f", str(sql_file),
            "--format", "parquet", "--output", str(output), "--stats", str(stats)]
     env = {**os.environ}
     env.setdefault("RUST_BACKTRACE", "0")

@@ -20,7 +20,6 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
-use datafusion::physical_plan::common::spawn_buffered;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
 use futures::{StreamExt, TryStreamExt};
@@ -231,13 +230,13 @@ impl Run {
     }
 }
 
-/// Every output partition of `plan`, each run in a task of its own, their batches as they come.
+/// Every output partition of `plan`, each run in a task of its own (DataFusion's coalescing
+/// spawns them), their batches as they come.
 /// Polled together in the caller's task, a star probe left on the host ran on one core: SSB SF 10
 /// under kim-isp-2015 with `--pushdown off` took 1.75x as long (q4.1 6.1 s against 3.4 s;
 /// docs/benchmarks/star-probe).
-fn partitions_in_parallel(plan: &Arc<dyn ExecutionPlan>, context: &Arc<TaskContext>) -> Result<futures::stream::SelectAll<SendableRecordBatchStream>> {
-    let partitions = (0..plan.output_partitioning().partition_count()).map(|p| Ok(spawn_buffered(plan.execute(p, Arc::clone(context))?, 2))).collect::<Result<Vec<_>>>()?;
-    Ok(futures::stream::select_all(partitions))
+fn partitions_in_parallel(plan: &Arc<dyn ExecutionPlan>, context: &Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+    CoalescePartitionsExec::new(Arc::clone(plan)).execute(0, Arc::clone(context))
 }
 
 /// Builds a dimension from its pieces; `None` if a key repeats.
