@@ -22,11 +22,11 @@ def _plan(warehouse, tmp_path, name, **profile):
     return json.loads(out.read_text()), run.stdout
 
 
-def _planned_ssb(tmp_path, sample_rows):
-    """SSB SF 0.1 in 30 segments, and lineorder's plan for the SSB workload under softflash
-    (its file and its JSON)."""
+def _planned_ssb(tmp_path, sample_rows, segment_rows=20000):
+    """SSB SF 0.1 in segments of about `segment_rows` rows, and lineorder's plan for the SSB
+    workload under softflash (its file and its JSON)."""
     warehouse = tmp_path / "wh"
-    q.run_quarry(["gen", "ssb", "--sf", "0.1", "--segment-rows", "20000"], warehouse)
+    q.run_quarry(["gen", "ssb", "--sf", "0.1", "--segment-rows", str(segment_rows)], warehouse)
     plan_file = tmp_path / "plan.json"
     q.run_quarry(["--profile", "softflash", "layout", "plan", "lineorder", "--workload", SSB_QUERIES, "--sample-rows", str(sample_rows),
                   "--output", plan_file], warehouse)
@@ -180,3 +180,65 @@ def test_a_table_sorted_by_a_dimension_key_is_read_only_where_the_dimension_filt
         assert cmp, f"{name}: {cmp.message}"
         if name == "q1.1":
             assert stats["bytes_read_storage"] < unsorted["bytes_read_storage"] / 3, (stats, unsorted)
+
+
+def _explain_analyze(warehouse, name):
+    """EXPLAIN ANALYZE of SSB query `name` over `warehouse`, as text."""
+    sql = "\n".join(line for line in (SSB_QUERIES / f"{name}.sql").read_text().splitlines() if not line.startswith("--"))
+    return q.run_quarry(["sql", "EXPLAIN ANALYZE " + sql, "--format", "csv"], warehouse).stdout
+
+
+def test_sorted_copies_are_kept_chosen_per_query_and_appended_to(tmp_path):
+    """A plan with two versions keeps both: the table's own segments sorted by lo_orderdate and
+    a copy sorted by lo_suppkey in small row groups with zone maps, in one commit. Each query
+    reads the copy it reads the fewest bytes of: q3.2 (suppliers of one nation) the supplier
+    copy, whose row groups without a kept supplier the node skips, chosen once the dimensions
+    are built; q1.1 (one year) the table's own, date-sorted segments. Every SSB query equals DuckDB's on the
+    table's own segments, before and after an append, which every copy gains."""
+    # Segments of several row groups of a sorted copy (16,384 rows each).
+    warehouse, plan_file, plan = _planned_ssb(tmp_path, sample_rows=20000, segment_rows=100000)
+    plan.update(versions=["lo_orderdate"])
+    plan_file.write_text(json.dumps(plan))
+    q.run_quarry(["layout", "apply", "lineorder", plan_file], warehouse)
+    one_copy = {name: _query_stats(warehouse, tmp_path, name)["bytes_read_storage"] for name in ("q1.1", "q3.2")}
+
+    plan.update(versions=["lo_orderdate", "lo_suppkey"])
+    plan_file.write_text(json.dumps(plan))
+    applied = q.run_quarry(["layout", "apply", "lineorder", plan_file], warehouse)
+    assert "a copy sorted by lo_suppkey" in applied.stdout, applied.stdout
+    manifest = q.read_manifest(warehouse, "lineorder")
+    rows = sum(s["rows"] for s in manifest["segments"])
+    [copy] = manifest["versions"]
+    assert copy["sort_key"] == ["lo_suppkey"] and sum(s["rows"] for s in copy["segments"]) == rows, copy["sort_key"]
+    assert not {s["id"] for s in copy["segments"]} & {s["id"] for s in manifest["segments"]}
+    for segment in copy["segments"]:
+        zones = segment["zones"]
+        assert zones["column"] == "lo_suppkey" and sum(zones["rows"]) == segment["rows"] and len(zones["rows"]) == segment["row_groups"] > 1
+        assert all(int(a) <= int(b) for a, b in zip(zones["max"], zones["min"][1:])), zones
+    assert all((warehouse / "lineorder" / s["path"]).is_file() for s in manifest["segments"] + copy["segments"])
+
+    supplier_copy = _explain_analyze(warehouse, "q3.2")
+    assert "reads the copy sorted by lo_suppkey (chosen when its dimensions were built)" in supplier_copy, supplier_copy
+    assert "reads the copy sorted by lo_orderdate (chosen when its dimensions were built)" in _explain_analyze(warehouse, "q1.1")
+    two_copies = {name: _query_stats(warehouse, tmp_path, name)["bytes_read_storage"] for name in ("q1.1", "q3.2")}
+    assert two_copies["q3.2"] < 0.6 * one_copy["q3.2"], (two_copies, one_copy)
+    assert two_copies["q1.1"] <= 1.05 * one_copy["q1.1"], (two_copies, one_copy)
+
+    def all_equal_duckdb():
+        for path in q.query_files("ssb"):
+            sql = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("--"))
+            cmp = q.compare_with_duckdb(warehouse, sql)
+            assert cmp, f"{path.name}: {cmp.message}"
+
+    all_equal_duckdb()
+    # Rows q3.2 counts, appended: the copy q3.2 reads must hold them too.
+    extra = tmp_path / "extra.csv"
+    q.run_quarry(["sql", "select lineorder.* from lineorder join customer on lo_custkey = c_custkey join supplier on lo_suppkey = s_suppkey "
+                  "where c_nation = 'UNITED STATES' and s_nation = 'UNITED STATES' order by lo_orderkey, lo_linenumber limit 300",
+                  "--format", "csv", "--output", extra], warehouse)
+    q.run_quarry(["load", "lineorder", extra, "--append"], warehouse)
+    appended = q.read_manifest(warehouse, "lineorder")
+    new = appended["segments"][-1]["id"]
+    assert appended["versions"][0]["segments"][-1]["id"] == new and len(appended["versions"][0]["segments"]) == len(copy["segments"]) + 1
+    assert "reads the copy sorted by lo_suppkey" in _explain_analyze(warehouse, "q3.2")
+    all_equal_duckdb()

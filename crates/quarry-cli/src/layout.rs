@@ -7,8 +7,10 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch};
+use arrow::datatypes::DataType;
 use arrow::compute::{cast, concat_batches, sort_to_indices};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, ScalarValue};
@@ -19,8 +21,8 @@ use quarry_model::layout::{ColumnLayout, LayoutProblem, QueryCost, exhaustive, g
 use quarry_storage::DeviceProfile;
 use quarry_table::layout_sample::{MeasuredLayout, measure_column, sample_rows, stored_column_bytes};
 use quarry_table::ingest::write_segments_of;
-use quarry_table::segment::check_column_layouts;
-use quarry_table::{ColumnLayoutSpec, PageEncoding, SegmentOptions, Warehouse, WriteMode};
+use quarry_table::segment::{ZONE_ROWS, check_column_layouts};
+use quarry_table::{ColumnLayoutSpec, PageEncoding, SegmentMeta, SegmentOptions, SortedVersion, TableWriter, Warehouse, WriteMode};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -112,10 +114,10 @@ fn apply(target: &Target, args: ApplyArgs) -> CliResult {
     let layouts: Vec<ColumnLayoutSpec> =
         plan.columns.iter().map(|c| ColumnLayoutSpec { column: c.name.clone(), encoding: c.encoding.clone(), codec: c.codec.clone() }).collect();
     check_column_layouts(&table.schema, &layouts).map_err(|e| format!("{}: {e}", args.plan.display()))?;
-    let sort_key = plan.versions.first().cloned();
-    if plan.versions.len() > 1 {
-        eprintln!("quarry: the table keeps one version, sorted by {}; versions sorted by {} are not kept", plan.versions[0], plan.versions[1..].join(", "));
+    if let Some(key) = plan.versions.iter().find(|k| table.schema.field_with_name(k).is_err()) {
+        return Err(format!("{}: sort key '{key}' is not a column of '{}'", args.plan.display(), args.table));
     }
+    let sort_key = plan.versions.first().cloned();
     // Segments as large as the table's largest: pruning keeps its granularity.
     let segment_rows = table.manifest.segments.iter().map(|s| s.rows as usize).max().unwrap_or(1);
     let options = SegmentOptions {
@@ -123,50 +125,31 @@ fn apply(target: &Target, args: ApplyArgs) -> CliResult {
         // Pages compressed where the plan says: nodes read them as they read compact tables.
         page_encoding: PageEncoding::Compact,
         column_layouts: layouts,
+        zone_column: None,
     };
     let before: u64 = table.manifest.segments.iter().map(|s| s.bytes).sum();
     let quoted = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
-    let sql = format!(
-        "SELECT * FROM {}{}",
-        quoted(&args.table),
-        sort_key.as_ref().map_or(String::new(), |key| format!(" ORDER BY {}", quoted(key)))
-    );
+    let sorted_sql = |key: Option<&String>| format!("SELECT * FROM {}{}", quoted(&args.table), key.map_or(String::new(), |key| format!(" ORDER BY {}", quoted(key))));
     let name = args.table.clone();
+    let further: Vec<String> = plan.versions.iter().skip(1).cloned().collect();
     let manifest = crate::with_runtime(target.threads, async move {
         // The session first: its node tidies aborted writes, which the write below must not be.
         let session = target.session().await?;
-        let rows = session.stream(session.plan(&sql).await.map_err(|e| user_message(&e))?).await.map_err(|e| user_message(&e))?;
-        let writer = warehouse
-            .begin_write(&name, &table.schema, WriteMode::Replace, options, sort_key.into_iter().collect())
-            .map_err(|e| e.to_string())?;
-        // Rows flow from the query to a writer thread; a failure on either side aborts the write.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<quarry_table::Result<RecordBatch>>(4);
-        let writing = tokio::task::spawn_blocking(move || {
-            let segments = write_segments_of(&writer, rx.into_iter(), segment_rows, &|_| {});
-            (writer, segments)
-        });
-        let (mut rows, mut failed) = (rows, None);
-        while let Some(batch) = rows.next().await {
-            match batch {
-                Ok(batch) => {
-                    if tx.send(Ok(batch)).is_err() {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    failed = Some(format!("reading table '{name}': {}", user_message(&e)));
-                    break;
-                }
-            }
+        let writer = Arc::new(
+            warehouse
+                .begin_write(&name, &table.schema, WriteMode::Replace, options, sort_key.iter().cloned().collect())
+                .map_err(|e| e.to_string())?,
+        );
+        // The table's own segments sorted by the first key, then a copy sorted by each further
+        // one (small row groups with zone maps), all in one commit.
+        let segments = write_copy(&session, &writer, &name, &sorted_sql(sort_key.as_ref()), segment_rows, None).await?;
+        let mut versions = Vec::with_capacity(further.len());
+        for key in &further {
+            let segments = write_copy(&session, &writer, &name, &sorted_sql(Some(key)), segment_rows, Some(key.clone())).await?;
+            versions.push(SortedVersion { sort_key: vec![key.clone()], segments });
         }
-        drop(tx);
-        let (writer, segments) = writing.await.map_err(|e| format!("the writer failed: {e}"))?;
-        let segments = segments.map_err(|e| e.to_string())?;
-        // Dropping the writer without a commit removes what it wrote.
-        if let Some(message) = failed {
-            return Err(message);
-        }
-        writer.commit(segments, Vec::new()).map_err(|e| e.to_string())
+        let writer = Arc::into_inner(writer).expect("the copies are written");
+        writer.commit_with_versions(segments, versions, Vec::new()).map_err(|e| e.to_string())
     })?;
     let after: u64 = manifest.segments.iter().map(|s| s.bytes).sum();
     println!(
@@ -178,7 +161,43 @@ fn apply(target: &Target, args: ApplyArgs) -> CliResult {
         after as f64 / 1e6,
         before as f64 / 1e6
     );
+    for copy in &manifest.versions {
+        let bytes: u64 = copy.segments.iter().map(|s| s.bytes).sum();
+        println!("{}: a copy sorted by {}: {} segments, {:.1} MB", args.table, copy.sort_key.join(", "), copy.segments.len(), bytes as f64 / 1e6);
+    }
     Ok(())
+}
+
+/// Writes the rows of `sql` (the table, sorted) into new segments of `writer`; with
+/// `sorted_by`, a sorted copy's. Rows flow from the query to a writer thread; a failure on
+/// either side fails the whole (the caller drops the writer, which removes what it wrote).
+async fn write_copy(session: &quarry_engine::QuarrySession, writer: &Arc<TableWriter>, name: &str, sql: &str, segment_rows: usize, sorted_by: Option<String>) -> CliResult<Vec<SegmentMeta>> {
+    let rows = session.stream(session.plan(sql).await.map_err(|e| user_message(&e))?).await.map_err(|e| user_message(&e))?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<quarry_table::Result<RecordBatch>>(4);
+    let writing = {
+        let writer = Arc::clone(writer);
+        tokio::task::spawn_blocking(move || write_segments_of(&writer, rx.into_iter(), segment_rows, sorted_by.as_deref(), &|_| {}))
+    };
+    let (mut rows, mut failed) = (rows, None);
+    while let Some(batch) = rows.next().await {
+        match batch {
+            Ok(batch) => {
+                if tx.send(Ok(batch)).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                failed = Some(format!("reading table '{name}': {}", user_message(&e)));
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let segments = writing.await.map_err(|e| format!("the writer failed: {e}"))?;
+    if let Some(message) = failed {
+        return Err(message);
+    }
+    segments.map_err(|e| e.to_string())
 }
 
 /// The plan as written to `--output`.
@@ -218,6 +237,10 @@ struct SortKeyEstimate {
     workload_bytes: f64,
     /// Per query (workload order), the share of segments it would read.
     read_share: Vec<f64>,
+    /// The workload's bytes from a sorted copy by this column (pruned by zone maps).
+    copy_workload_bytes: f64,
+    /// Per query, the share of a sorted copy's row groups it would read.
+    zone_read_share: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -319,14 +342,15 @@ fn plan(target: &Target, args: PlanArgs) -> CliResult {
     let optimum = exhaustive(&problem, 1 << 20).map(|plan| problem.seconds(&plan));
     let (default_costs, plan_costs) = (problem.query_costs(&defaults), problem.query_costs(&chosen));
     let plan_bytes: Vec<f64> = plan_costs.iter().map(|c| c.bytes).collect();
-    let sort_keys = sort_key_estimates(&sample, &queries, &plan_bytes, table.manifest.segments.len())?;
+    let sort_keys = sort_key_estimates(&sample, &queries, &plan_bytes, table.manifest.segments.len(), rows)?;
     let extra_versions = args.budget_space.max(0.0).floor() as usize;
     let (versions, versions_bytes) = choose_versions(&sort_keys, &plan_bytes, extra_versions);
     let best_version = |q: usize| {
         versions
             .iter()
             .filter_map(|v| sort_keys.iter().find(|k| k.column == *v))
-            .map(|k| (k.column.clone(), k.read_share[q]))
+            .enumerate()
+            .map(|(v, k)| (k.column.clone(), if v == 0 { k.read_share[q] } else { k.zone_read_share[q] }))
             .filter(|(_, share)| *share < 1.0)
             .min_by(|a, b| a.1.total_cmp(&b.1))
     };
@@ -432,7 +456,14 @@ fn report(plan: &Plan) -> String {
         plan.optimum_seconds.map_or(String::new(), |o| format!("; the optimum, enumerated: {o:.3} s"))
     ));
     for key in plan.sort_keys.iter().take(5) {
-        out.push_str(&format!("sorted by {:<20} the workload reads {:.1} MB ({:.2}x unsorted)\n", key.column, mb(key.workload_bytes), key.workload_bytes / plan.plan_bytes.max(1.0)));
+        out.push_str(&format!(
+            "sorted by {:<20} the workload reads {:.1} MB ({:.2}x unsorted); from a sorted copy by its zones {:.1} MB ({:.2}x)\n",
+            key.column,
+            mb(key.workload_bytes),
+            key.workload_bytes / plan.plan_bytes.max(1.0),
+            mb(key.copy_workload_bytes),
+            key.copy_workload_bytes / plan.plan_bytes.max(1.0)
+        ));
     }
     if !plan.versions.is_empty() {
         out.push_str(&format!(
@@ -447,13 +478,18 @@ fn report(plan: &Plan) -> String {
 
 /// For each column the workload restricts: the bytes each query would read with the table
 /// sorted by it. The sample, sorted by the column, is cut into as many ranges as the table has
-/// segments; a query reads a range unless every sampled row in it fails its restrictions on the
-/// column.
-fn sort_key_estimates(sample: &[RecordBatch], queries: &[WorkloadQuery], plan_bytes: &[f64], segments: usize) -> CliResult<Vec<SortKeyEstimate>> {
+/// segments (`read_share`, the table's own order, pruned by segment) and as it would have row
+/// groups in a sorted copy (`zone_read_share`, pruned by zone maps). A query reads a range
+/// unless its restrictions on the column rule it out: a join's passing keys, where the column
+/// is an integer, when none lies within the range's bounds (every key counts, not only the
+/// sampled rows: a sample holds too few rows per range to find the rare keys); other
+/// restrictions when every sampled row in the range fails them.
+fn sort_key_estimates(sample: &[RecordBatch], queries: &[WorkloadQuery], plan_bytes: &[f64], segments: usize, table_rows: u64) -> CliResult<Vec<SortKeyEstimate>> {
     let Some(first) = sample.first() else { return Ok(Vec::new()) };
     let batch = concat_batches(&first.schema(), sample).map_err(|e| e.to_string())?;
     let rows = batch.num_rows();
-    let ranges = segments.clamp(1, rows.max(1));
+    let segment_ranges = segments.clamp(1, rows.max(1));
+    let zone_ranges = (table_rows as usize).div_ceil(ZONE_ROWS).clamp(1, rows.max(1));
     let mut columns: Vec<&String> = queries.iter().flat_map(|q| q.restrictions.iter().map(|(c, _)| c)).collect();
     columns.sort();
     columns.dedup();
@@ -464,52 +500,87 @@ fn sort_key_estimates(sample: &[RecordBatch], queries: &[WorkloadQuery], plan_by
         let Ok(index) = batch.schema().index_of(column) else { continue };
         let values = batch.column(index);
         let order = sort_to_indices(values, None, None).map_err(|e| e.to_string())?;
+        // The sampled values as integers, in sorted order, where the column is one.
+        let sorted_ints: Option<Vec<i64>> = cast(values, &DataType::Int64).ok().and_then(|ints| {
+            let ints = ints.as_any().downcast_ref::<Int64Array>()?.clone();
+            (ints.null_count() == 0).then(|| order.values().iter().map(|&i| ints.value(i as usize)).collect())
+        });
         // The sampled values as scalars, made once for every query's key sets.
         let mut scalars: Option<Vec<Option<ScalarValue>>> = None;
-        let mut read_share = Vec::with_capacity(queries.len());
+        let (mut read_share, mut zone_read_share) = (Vec::with_capacity(queries.len()), Vec::with_capacity(queries.len()));
         for query in queries {
+            let on_column: Vec<&Restriction> = query.restrictions.iter().filter(|(c, _)| c == column).map(|(_, r)| r).collect();
+            // Exact: the one restriction is a join's integer keys.
+            let keys: Option<Vec<i64>> = match (on_column.as_slice(), &sorted_ints) {
+                ([Restriction::Keys(keys)], Some(_)) => cast(keys, &DataType::Int64).ok().and_then(|k| {
+                    let k = k.as_any().downcast_ref::<Int64Array>()?;
+                    let mut keys: Vec<i64> = k.iter().flatten().collect();
+                    keys.sort_unstable();
+                    Some(keys)
+                }),
+                _ => None,
+            };
             let mut passes: Option<Vec<bool>> = None;
-            for (_, restriction) in query.restrictions.iter().filter(|(c, _)| c == column) {
-                let mask = match restriction {
-                    Restriction::Predicate(expr) => {
-                        let Ok(physical) = ctx.create_physical_expr(expr.clone(), &df_schema) else { continue };
-                        let evaluated = physical.evaluate(&batch).and_then(|v| v.into_array(rows)).map_err(|e| e.to_string())?;
-                        let Some(flags) = evaluated.as_any().downcast_ref::<BooleanArray>() else { continue };
-                        (0..rows).map(|i| flags.is_valid(i) && flags.value(i)).collect::<Vec<bool>>()
-                    }
-                    Restriction::Keys(keys) => {
-                        let Ok(keys) = cast(keys, values.data_type()) else { continue };
-                        let set: HashSet<ScalarValue> = (0..keys.len()).filter_map(|i| ScalarValue::try_from_array(&keys, i).ok()).collect();
-                        let scalars = scalars.get_or_insert_with(|| (0..rows).map(|i| ScalarValue::try_from_array(values, i).ok()).collect());
-                        scalars.iter().map(|v| v.as_ref().is_some_and(|v| set.contains(v))).collect()
-                    }
-                };
-                passes = Some(match passes {
-                    Some(p) => p.iter().zip(&mask).map(|(a, b)| *a && *b).collect(),
-                    None => mask,
-                });
-            }
-            read_share.push(match passes {
-                None => 1.0,
-                Some(passes) => {
-                    let read = (0..ranges).filter(|r| (r * rows / ranges..(r + 1) * rows / ranges).any(|i| passes[order.value(i) as usize])).count();
-                    read as f64 / ranges as f64
+            if keys.is_none() {
+                for restriction in &on_column {
+                    let mask = match restriction {
+                        Restriction::Predicate(expr) => {
+                            let Ok(physical) = ctx.create_physical_expr(expr.clone(), &df_schema) else { continue };
+                            let evaluated = physical.evaluate(&batch).and_then(|v| v.into_array(rows)).map_err(|e| e.to_string())?;
+                            let Some(flags) = evaluated.as_any().downcast_ref::<BooleanArray>() else { continue };
+                            (0..rows).map(|i| flags.is_valid(i) && flags.value(i)).collect::<Vec<bool>>()
+                        }
+                        Restriction::Keys(keys) => {
+                            let Ok(keys) = cast(keys, values.data_type()) else { continue };
+                            let set: HashSet<ScalarValue> = (0..keys.len()).filter_map(|i| ScalarValue::try_from_array(&keys, i).ok()).collect();
+                            let scalars = scalars.get_or_insert_with(|| (0..rows).map(|i| ScalarValue::try_from_array(values, i).ok()).collect());
+                            scalars.iter().map(|v| v.as_ref().is_some_and(|v| set.contains(v))).collect()
+                        }
+                    };
+                    passes = Some(match passes {
+                        Some(p) => p.iter().zip(&mask).map(|(a, b)| *a && *b).collect(),
+                        None => mask,
+                    });
                 }
-            });
+            }
+            let share = |ranges: usize| -> f64 {
+                let bounds = |r: usize| r * rows / ranges..(r + 1) * rows / ranges;
+                let read = match (&keys, &sorted_ints, &passes) {
+                    (Some(keys), Some(ints), _) => (0..ranges)
+                        .filter(|&r| {
+                            let range = bounds(r);
+                            if range.is_empty() {
+                                return false;
+                            }
+                            let (lo, hi) = (ints[range.start], ints[range.end - 1]);
+                            let at = keys.partition_point(|&k| k < lo);
+                            at < keys.len() && keys[at] <= hi
+                        })
+                        .count(),
+                    (_, _, Some(passes)) => (0..ranges).filter(|&r| bounds(r).any(|i| passes[order.value(i) as usize])).count(),
+                    _ => ranges,
+                };
+                read as f64 / ranges as f64
+            };
+            read_share.push(share(segment_ranges));
+            zone_read_share.push(share(zone_ranges));
         }
         let workload_bytes = read_share.iter().zip(plan_bytes).map(|(share, bytes)| share * bytes).sum();
-        estimates.push(SortKeyEstimate { column: column.clone(), workload_bytes, read_share });
+        let copy_workload_bytes = zone_read_share.iter().zip(plan_bytes).map(|(share, bytes)| share * bytes).sum();
+        estimates.push(SortKeyEstimate { column: column.clone(), workload_bytes, read_share, copy_workload_bytes, zone_read_share });
     }
     estimates.sort_by(|a, b| a.workload_bytes.total_cmp(&b.workload_bytes));
     Ok(estimates)
 }
 
-/// The best sort key, then up to `extra` more versions, each the one that lowers most the
-/// workload's bytes when every query reads its best version; the versions and those bytes.
+/// The best sort key, then up to `extra` more versions (sorted copies, pruned by their zone
+/// maps), each the one that lowers most the workload's bytes when every query reads its best
+/// version; the versions and those bytes.
 fn choose_versions(keys: &[SortKeyEstimate], plan_bytes: &[f64], extra: usize) -> (Vec<String>, f64) {
     let unsorted: f64 = plan_bytes.iter().sum();
     let bytes_with = |chosen: &[&SortKeyEstimate]| -> f64 {
-        plan_bytes.iter().enumerate().map(|(q, bytes)| bytes * chosen.iter().map(|k| k.read_share[q]).fold(1.0, f64::min)).sum()
+        let share = |q: usize| chosen.iter().enumerate().map(|(v, k)| if v == 0 { k.read_share[q] } else { k.zone_read_share[q] }).fold(1.0, f64::min);
+        plan_bytes.iter().enumerate().map(|(q, bytes)| bytes * share(q)).sum()
     };
     let mut chosen: Vec<&SortKeyEstimate> = Vec::new();
     for _ in 0..=extra {

@@ -25,6 +25,7 @@ pub mod schema_text;
 pub mod session;
 pub mod shared_subplan;
 pub mod small_group_aggregate;
+pub mod sorted_copies;
 pub mod star_exec;
 pub mod star_join;
 pub mod stored_scan;

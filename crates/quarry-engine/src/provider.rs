@@ -6,7 +6,8 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, Session, TableProvider};
 use datafusion::common::stats::Precision;
-use datafusion::common::{ColumnStatistics, Statistics, plan_err};
+use datafusion::common::{ColumnStatistics, DFSchema, Statistics, plan_err};
+use datafusion::logical_expr::utils::conjunction;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
@@ -14,6 +15,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use quarry_storage::{ScanLeaf, ScanLeafExec, SegmentInfo, StorageNode, TableInfo};
 
 use crate::scan::{FragmentExec, FragmentPartition};
+use crate::sorted_copies::SortedCopies;
 
 /// The schema of all tables the storage nodes serve. A table may be spread over several nodes
 /// (each holding some of its segments); its schema must then agree on all of them. Table names
@@ -188,7 +190,25 @@ impl TableProvider for StorageTable {
             Some(table) => root.with_filter_selectivity(crate::cardinality::scan_selectivity(filters, &table, &info.schema)),
             None => root,
         });
-        let partitions = spread_partitions(&self.parts, state.config().target_partitions().max(1));
+        let target = state.config().target_partitions().max(1);
+        // A table with sorted copies on one node: the copy its filters leave the fewest bytes of.
+        if let [(node, info)] = self.parts.as_slice()
+            && let Some(copies) = SortedCopies::of(info)
+        {
+            let names: Vec<String> = indices.iter().map(|&i| info.schema.field(i).name().clone()).collect();
+            let shippable: Vec<Expr> = filters.iter().filter(|f| node_can_evaluate(f)).cloned().collect();
+            let predicate = match conjunction(shippable) {
+                Some(filter) => DFSchema::try_from_qualified_schema(info.name.as_str(), &info.schema).and_then(|schema| state.create_physical_expr(filter, &schema)).ok(),
+                None => None,
+            };
+            let choice = copies.cheapest_for_filter(&names, predicate.as_ref(), &info.schema)?;
+            let partitions = split_segments(&choice.copy().segments, target)
+                .into_iter()
+                .map(|segments| FragmentPartition { node: Arc::clone(node), leaves: vec![(info.version, segments)] })
+                .collect();
+            return Ok(Arc::new(FragmentExec::try_new(root, partitions)?.with_copy(choice)?));
+        }
+        let partitions = spread_partitions(&self.parts, target);
         Ok(Arc::new(FragmentExec::try_new(root, partitions)?))
     }
 }
@@ -280,7 +300,7 @@ mod tests {
     use super::*;
 
     fn segments(sizes: &[u64]) -> Vec<SegmentInfo> {
-        sizes.iter().enumerate().map(|(i, &bytes)| SegmentInfo { id: i.to_string(), rows: 1, bytes, columns: Vec::new() }).collect()
+        sizes.iter().enumerate().map(|(i, &bytes)| SegmentInfo { id: i.to_string(), rows: 1, bytes, columns: Vec::new(), zones: None }).collect()
     }
 
     #[test]

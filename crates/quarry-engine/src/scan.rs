@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,8 @@ use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMess
 
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot, ProbeKeySet};
 use crate::placement::Placement;
+use crate::provider::split_segments;
+use crate::sorted_copies::CopyChoice;
 use crate::stored_scan::stored_scan;
 
 /// Metric names this operator records besides the node's own counters (whose names are
@@ -119,6 +121,12 @@ pub struct FragmentExec {
     ascending: Option<String>,
     /// Per partition, the stored bytes its node has read so far (the query's progress).
     progress: Vec<FragmentProgress>,
+    /// Which copy of its table the fragment's one leaf reads, where the table has sorted
+    /// copies (see [`crate::sorted_copies`]).
+    copy: Option<CopyChoice>,
+    /// A copy chosen again when the fragment's star probe had its dimensions, with its
+    /// partitions: they replace `copy` and `partitions` (set before any partition runs).
+    run_time_copy: Arc<OnceLock<(CopyChoice, Vec<FragmentPartition>)>>,
 }
 
 impl FragmentExec {
@@ -153,7 +161,50 @@ impl FragmentExec {
             ascending: None,
             progress: partitions.iter().map(|_| FragmentProgress::default()).collect(),
             partitions,
+            copy: None,
+            run_time_copy: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// The same fragment reading the copy `choice` chose.
+    pub fn with_copy(&self, choice: CopyChoice) -> Result<Self> {
+        let partitions = self.copy_partitions(&choice)?;
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
+        fragment.partitions = partitions;
+        fragment.copy = Some(choice);
+        Ok(fragment)
+    }
+
+    /// Reads the copy `choice` chose instead of the one planned, from now on: a star probe's
+    /// choice once its dimensions are built, before any partition runs. `false` (nothing
+    /// changed) if a copy was chosen that way before.
+    pub fn choose_copy_at_run_time(&self, choice: CopyChoice) -> Result<bool> {
+        let partitions = self.copy_partitions(&choice)?;
+        Ok(self.run_time_copy.set((choice, partitions)).is_ok())
+    }
+
+    /// The partitions reading `choice`'s copy: its segments on the one node holding the
+    /// fragment's one leaf, split over as many partitions as the fragment has.
+    fn copy_partitions(&self, choice: &CopyChoice) -> Result<Vec<FragmentPartition>> {
+        let (Some(first), [_]) = (self.partitions.first(), leaves(&self.root).as_slice()) else {
+            return internal_err!("only a fragment of one leaf chooses among its table's copies");
+        };
+        if self.partitions.iter().any(|p| p.node.name() != first.node.name()) {
+            return internal_err!("only a fragment on one node chooses among its table's copies");
+        }
+        if self.ascending.is_some() {
+            // Its order is that of the segments it was planned with.
+            return internal_err!("a fragment declared in order of a column keeps its copy");
+        }
+        let version = first.leaves[0].0;
+        let mut groups = split_segments(&choice.copy().segments, self.partitions.len());
+        groups.resize_with(self.partitions.len(), Vec::new);
+        Ok(groups.into_iter().map(|segments| FragmentPartition { node: Arc::clone(&first.node), leaves: vec![(version, segments)] }).collect())
+    }
+
+    /// The copy of its table the fragment reads, where the table has sorted copies.
+    pub fn copy(&self) -> Option<&CopyChoice> {
+        self.run_time_copy.get().map(|(choice, _)| choice).or(self.copy.as_ref())
     }
 
     /// The same fragment, declaring each partition's rows ascending in output column `column`,
@@ -226,6 +277,8 @@ impl FragmentExec {
         fragment.demand = self.demand;
         fragment.prediction = self.prediction;
         fragment.assumed = self.assumed.clone();
+        fragment.copy = self.copy.clone();
+        fragment.run_time_copy = Arc::clone(&self.run_time_copy);
         if fragment.is_passthrough() {
             fragment.pruning_filters = self.pruning_filters.clone();
         }
@@ -296,9 +349,9 @@ impl FragmentExec {
         &self.root
     }
 
-    /// The partitions.
+    /// The partitions (those of a copy chosen at run time, once it is).
     pub fn partitions(&self) -> &[FragmentPartition] {
-        &self.partitions
+        self.run_time_copy.get().map_or(&self.partitions, |(_, partitions)| partitions)
     }
 
     /// Whether the fragment only scans (passthrough).
@@ -330,7 +383,7 @@ impl FragmentExec {
     pub fn progress(&self) -> Vec<(FragmentProgress, u64)> {
         let leaves = leaves(&self.root);
         let leaf_bytes = |p: &FragmentPartition, i: usize| p.leaves[i].1.iter().map(|s| s.bytes).sum::<u64>();
-        let all: Vec<u64> = (0..leaves.len()).map(|i| self.partitions.iter().map(|p| leaf_bytes(p, i)).sum()).collect();
+        let all: Vec<u64> = (0..leaves.len()).map(|i| self.partitions().iter().map(|p| leaf_bytes(p, i)).sum()).collect();
         let planned = |p: &FragmentPartition| -> u64 {
             leaves
                 .iter()
@@ -341,7 +394,7 @@ impl FragmentExec {
                 })
                 .sum()
         };
-        self.progress.iter().cloned().zip(self.partitions.iter().map(planned)).collect()
+        self.progress.iter().cloned().zip(self.partitions().iter().map(planned)).collect()
     }
 
     /// The fragment for partition `p`: each leaf filled with that partition's segments.
@@ -423,9 +476,9 @@ pub fn leaves(root: &Arc<dyn ExecutionPlan>) -> Vec<ScanLeafExec> {
 
 impl DisplayAs for FragmentExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let mut nodes: Vec<&str> = self.partitions.iter().map(|p| p.node.name()).collect();
+        let mut nodes: Vec<&str> = self.partitions().iter().map(|p| p.node.name()).collect();
         nodes.dedup();
-        let segments: usize = self.partitions.iter().flat_map(|p| p.leaves.iter().map(|(_, s)| s.len())).sum();
+        let segments: usize = self.partitions().iter().flat_map(|p| p.leaves.iter().map(|(_, s)| s.len())).sum();
         let mode = if self.is_passthrough() { "passthrough (stored bytes, decoded on the host)" } else { "pushdown" };
         write!(f, "FragmentExec: {mode}, nodes=[{}], partitions={}, segments={segments}", nodes.join(", "), self.partitions.len())?;
         if !self.join_filters.is_empty() {
@@ -445,6 +498,9 @@ impl DisplayAs for FragmentExec {
         }
         if let Some(column) = &self.ascending {
             write!(f, ", partitions in order of {column}")?;
+        }
+        if let Some(copy) = self.copy() {
+            write!(f, ", {copy}")?;
         }
         for decision in &self.decisions {
             write!(f, ", {decision}")?;
@@ -494,7 +550,7 @@ impl ExecutionPlan for FragmentExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let Some(part) = self.partitions.get(partition) else {
+        let Some(part) = self.partitions().get(partition) else {
             return internal_err!("FragmentExec has no partition {partition}");
         };
         let bound = self.bind_partition(part)?;

@@ -23,7 +23,11 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
 use futures::{StreamExt, TryStreamExt};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use quarry_storage::star::{Assembled, Built, GroupedStates, KeyLookup, StarDimension, StarProbeExec, StarSpec, StarTables, TablesCell, assemble};
+use quarry_storage::zones::ProbeKeys;
+
+use crate::scan::{FragmentExec, leaves};
 
 /// A dimension as planned: a `StarDimensionExec` (on the host, or inside the fragment the
 /// placement rule moved it into), its key as EXPLAIN names it, and the position of each of its
@@ -189,6 +193,7 @@ impl Run {
         order.sort_by(|&a, &b| pass[a].total_cmp(&pass[b]));
         let tables = Arc::new(StarTables { dims: built.iter().map(|b| b.dimension.clone()).collect(), order });
         let tables = Arc::clone(self.tables.get_or_init(|| tables));
+        choose_probe_copies(&self.probe, &tables)?;
 
         let timer = self.probe_time.timer();
         let funcs = self.spec.aggregates.iter().map(|a| (a.func, a.domain)).collect::<Vec<_>>();
@@ -237,6 +242,36 @@ impl Run {
 /// docs/benchmarks/star-probe).
 fn partitions_in_parallel(plan: &Arc<dyn ExecutionPlan>, context: &Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
     CoalescePartitionsExec::new(Arc::clone(plan)).execute(0, Arc::clone(context))
+}
+
+/// Each fragment of `plan` that runs the star probe on a node over a table with sorted copies
+/// reads the copy from which the row groups holding its dimensions' kept keys take the fewest
+/// bytes (the node skips the others by their zone maps; see [`crate::sorted_copies`]).
+fn choose_probe_copies(plan: &Arc<dyn ExecutionPlan>, tables: &StarTables) -> Result<()> {
+    plan.apply(|node| {
+        if let Some(fragment) = node.downcast_ref::<FragmentExec>()
+            && let Some(planned) = fragment.copy()
+            && let Some(probe) = star_probe_in(fragment.root())
+            && let [leaf] = leaves(fragment.root()).as_slice()
+        {
+            let schema = probe.input().schema();
+            let choice = planned.copies.cheapest_for_probe(&leaf.leaf().projection, ProbeKeys::new(probe.spec(), tables, &schema));
+            fragment.choose_copy_at_run_time(choice)?;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(())
+}
+
+/// The star probe in a fragment's node-side plan.
+fn star_probe_in(root: &Arc<dyn ExecutionPlan>) -> Option<&StarProbeExec> {
+    let mut plan = root;
+    loop {
+        if let Some(probe) = plan.downcast_ref::<StarProbeExec>() {
+            return Some(probe);
+        }
+        plan = plan.children().into_iter().next()?;
+    }
 }
 
 /// Builds a dimension from its pieces; `None` if a key repeats.

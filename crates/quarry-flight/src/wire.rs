@@ -11,8 +11,8 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 pub use quarry_storage::BeginWrite;
-use quarry_storage::{Fragment, LinkCodec, ScanStats, SegmentColumn, SegmentInfo, TableInfo};
-use quarry_table::PageEncoding;
+use quarry_storage::{Fragment, LinkCodec, ScanStats, SegmentColumn, SegmentInfo, SortedCopy, TableInfo};
+use quarry_table::{PageEncoding, Zones};
 use serde::{Deserialize, Serialize};
 
 /// Action names.
@@ -161,6 +161,22 @@ pub struct TableInfoWire {
     /// Per segment, per column: bounds and NULL count (absent from older nodes).
     #[serde(default)]
     segment_columns: Vec<Vec<SegmentColumnWire>>,
+    /// Per segment, its zones (absent from older nodes).
+    #[serde(default)]
+    segment_zones: Vec<Option<Zones>>,
+    #[serde(default)]
+    sort_key: Vec<String>,
+    /// Sorted copies: each its sort key, segments and their columns.
+    #[serde(default)]
+    versions: Vec<SortedCopyWire>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SortedCopyWire {
+    sort_key: Vec<String>,
+    segments: Vec<(String, u64, u64)>,
+    segment_columns: Vec<Vec<SegmentColumnWire>>,
+    segment_zones: Vec<Option<Zones>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -170,6 +186,8 @@ struct SegmentColumnWire {
     null_count: Option<u64>,
     #[serde(default)]
     ascending: bool,
+    #[serde(default)]
+    bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -193,11 +211,19 @@ impl TableInfoWire {
             version: info.version,
             schema_ipc: schema.schema.to_vec(),
             page_encoding: info.page_encoding,
-            segments: info.segments.iter().map(|s| (s.id.clone(), s.rows, s.bytes)).collect(),
-            segment_columns: info
-                .segments
+            segments: segment_list(&info.segments),
+            segment_columns: segment_columns(&info.segments),
+            segment_zones: info.segments.iter().map(|s| s.zones.clone()).collect(),
+            sort_key: info.sort_key.clone(),
+            versions: info
+                .versions
                 .iter()
-                .map(|s| s.columns.iter().map(|c| SegmentColumnWire { min: c.min.clone(), max: c.max.clone(), null_count: c.null_count, ascending: c.ascending }).collect())
+                .map(|v| SortedCopyWire {
+                    sort_key: v.sort_key.clone(),
+                    segments: segment_list(&v.segments),
+                    segment_columns: segment_columns(&v.segments),
+                    segment_zones: v.segments.iter().map(|s| s.zones.clone()).collect(),
+                })
                 .collect(),
             columns: info
                 .column_statistics
@@ -241,25 +267,25 @@ impl TableInfoWire {
                 }
             })
             .collect();
-        if !self.segment_columns.is_empty() && self.segment_columns.len() != self.segments.len() {
-            return Err(bad(format!("column bounds for {} segments of {}", self.segment_columns.len(), self.segments.len())));
+        let segments = segment_infos(&self.segments, &self.segment_columns, &self.segment_zones, &schema).map_err(bad)?;
+        let rows: u64 = segments.iter().map(|s| s.rows).sum();
+        let mut versions = Vec::with_capacity(self.versions.len());
+        for copy in &self.versions {
+            let segments = segment_infos(&copy.segments, &copy.segment_columns, &copy.segment_zones, &schema).map_err(bad)?;
+            if let Some(key) = copy.sort_key.iter().find(|k| schema.field_with_name(k).is_err()) {
+                return Err(bad(format!("a sorted copy's key '{key}' is not a column")));
+            }
+            if segments.iter().map(|s| s.rows).sum::<u64>() != rows {
+                return Err(bad("a sorted copy holds other rows than the table".into()));
+            }
+            versions.push(SortedCopy { sort_key: copy.sort_key.clone(), segments });
         }
-        if let Some(bounds) = self.segment_columns.iter().find(|c| c.len() != schema.fields().len()) {
-            return Err(bad(format!("a segment's bounds of {} columns for {} columns", bounds.len(), schema.fields().len())));
-        }
-        let mut segments = Vec::with_capacity(self.segments.len());
-        for (i, (id, rows, bytes)) in self.segments.iter().enumerate() {
-            let columns = match self.segment_columns.get(i) {
-                Some(bounds) => bounds
-                    .iter()
-                    .zip(schema.fields())
-                    .map(|(b, field)| SegmentColumn { name: field.name().clone(), min: b.min.clone(), max: b.max.clone(), null_count: b.null_count, ascending: b.ascending })
-                    .collect(),
-                None => Vec::new(),
-            };
-            segments.push(SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes, columns });
+        if let Some(key) = self.sort_key.iter().find(|k| schema.field_with_name(k).is_err()) {
+            return Err(bad(format!("sort key '{key}' is not a column")));
         }
         Ok(TableInfo {
+            sort_key: self.sort_key.clone(),
+            versions,
             name: self.name.clone(),
             version: self.version,
             schema: Arc::new(schema),
@@ -269,6 +295,49 @@ impl TableInfoWire {
             page_encoding: self.page_encoding,
         })
     }
+}
+
+fn segment_list(segments: &[SegmentInfo]) -> Vec<(String, u64, u64)> {
+    segments.iter().map(|s| (s.id.clone(), s.rows, s.bytes)).collect()
+}
+
+fn segment_columns(segments: &[SegmentInfo]) -> Vec<Vec<SegmentColumnWire>> {
+    segments
+        .iter()
+        .map(|s| s.columns.iter().map(|c| SegmentColumnWire { min: c.min.clone(), max: c.max.clone(), null_count: c.null_count, ascending: c.ascending, bytes: c.bytes }).collect())
+        .collect()
+}
+
+/// Segments and their columns as sent, checked against the schema.
+fn segment_infos(list: &[(String, u64, u64)], columns: &[Vec<SegmentColumnWire>], zones: &[Option<Zones>], schema: &Schema) -> std::result::Result<Vec<SegmentInfo>, String> {
+    if !columns.is_empty() && columns.len() != list.len() {
+        return Err(format!("column bounds for {} segments of {}", columns.len(), list.len()));
+    }
+    if !zones.is_empty() && zones.len() != list.len() {
+        return Err(format!("zones for {} segments of {}", zones.len(), list.len()));
+    }
+    if let Some(bounds) = columns.iter().find(|c| c.len() != schema.fields().len()) {
+        return Err(format!("a segment's bounds of {} columns for {} columns", bounds.len(), schema.fields().len()));
+    }
+    let mut segments = Vec::with_capacity(list.len());
+    for (i, (id, rows, bytes)) in list.iter().enumerate() {
+        let columns = match columns.get(i) {
+            Some(bounds) => bounds
+                .iter()
+                .zip(schema.fields())
+                .map(|(b, field)| SegmentColumn { name: field.name().clone(), min: b.min.clone(), max: b.max.clone(), null_count: b.null_count, ascending: b.ascending, bytes: b.bytes })
+                .collect(),
+            None => Vec::new(),
+        };
+        let zones = zones.get(i).cloned().flatten();
+        if let Some(z) = &zones
+            && (z.rows.iter().sum::<u64>() != *rows || z.min.len() != z.rows.len() || z.max.len() != z.rows.len() || schema.field_with_name(&z.column).is_err())
+        {
+            return Err(format!("segment '{id}' has zones that do not match its rows or columns"));
+        }
+        segments.push(SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes, columns, zones });
+    }
+    Ok(segments)
 }
 
 /// Commits a write on a node.

@@ -40,6 +40,21 @@ pub struct TableInfo {
     /// Per column (in schema order): the stored (compressed) bytes of its chunks over all
     /// segments, what reading it costs; `None` where a segment does not say.
     pub column_bytes: Vec<Option<u64>>,
+    /// Columns `segments` are sorted by (empty if none).
+    pub sort_key: Vec<String>,
+    /// Further copies of the rows, each sorted by its own key (`quarry layout apply`); a scan
+    /// reads `segments` or one of these, whichever reads fewer bytes.
+    pub versions: Vec<SortedCopy>,
+}
+
+/// A sorted copy of a table's rows: the same rows as [`TableInfo::segments`] in segments of
+/// its own (appended ones shared).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SortedCopy {
+    /// Columns the copy is sorted by.
+    pub sort_key: Vec<String>,
+    /// Its segments.
+    pub segments: Vec<SegmentInfo>,
 }
 
 impl TableInfo {
@@ -66,6 +81,8 @@ pub struct SegmentInfo {
     /// Per column, the segment's bounds and order (empty where the node did not send them),
     /// with which the host finds partitions that hold disjoint keys, in order.
     pub columns: Vec<SegmentColumn>,
+    /// Its row groups' bounds in the column its copy is sorted by (a sorted copy's segments).
+    pub zones: Option<quarry_table::Zones>,
 }
 
 /// One column's bounds in one segment, in the manifest's canonical text form.
@@ -81,6 +98,8 @@ pub struct SegmentColumn {
     pub null_count: Option<u64>,
     /// The segment's rows are in non-decreasing order of this column (no NULLs).
     pub ascending: bool,
+    /// Stored (compressed) bytes of the column's chunks, if known.
+    pub bytes: Option<u64>,
 }
 
 /// What one leaf of a fragment reads: some of a table's segments, by name. A leaf names tables,

@@ -12,7 +12,7 @@ use datafusion::common::{Column, ColumnStatistics, ScalarValue, plan_datafusion_
 use datafusion::error::{DataFusionError, Result};
 use quarry_table::{DistinctSketch, SegmentMeta, TableError, TableSnapshot};
 
-use crate::api::{SegmentColumn, SegmentInfo, TableInfo};
+use crate::api::{SegmentColumn, SegmentInfo, SortedCopy, TableInfo};
 
 /// Maps table-layer errors to DataFusion errors a user can read: a missing table is a planning
 /// error; anything else reports the file concerned.
@@ -55,27 +55,44 @@ pub fn table_info(snapshot: &TableSnapshot) -> TableInfo {
         version: snapshot.manifest.version,
         page_encoding: snapshot.manifest.page_encoding,
         schema,
-        segments: snapshot
-            .manifest
-            .segments
-            .iter()
-            .map(|s| SegmentInfo {
-                id: s.id.clone(),
-                rows: s.rows,
-                bytes: s.bytes,
-                columns: s
-                    .columns
-                    .iter()
-                    .map(|c| SegmentColumn { name: c.name.clone(), min: c.min.clone(), max: c.max.clone(), null_count: c.null_count, ascending: c.ascending })
-                    .collect(),
-            })
-            .collect(),
+        segments: segment_infos(&snapshot.manifest.segments),
+        sort_key: snapshot.manifest.sort_key.clone(),
+        versions: snapshot.manifest.versions.iter().map(|v| SortedCopy { sort_key: v.sort_key.clone(), segments: segment_infos(&v.segments) }).collect(),
     }
 }
 
-/// The requested segments of the snapshot, in request order; unknown ids are an error.
+fn segment_infos(segments: &[SegmentMeta]) -> Vec<SegmentInfo> {
+    segments
+        .iter()
+        .map(|s| SegmentInfo {
+            id: s.id.clone(),
+            rows: s.rows,
+            bytes: s.bytes,
+            zones: s.zones.clone(),
+            columns: s
+                .columns
+                .iter()
+                .map(|c| SegmentColumn {
+                    name: c.name.clone(),
+                    min: c.min.clone(),
+                    max: c.max.clone(),
+                    null_count: c.null_count,
+                    ascending: c.ascending,
+                    bytes: Some(c.compressed_bytes),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The requested segments of the snapshot, in request order; unknown ids are an error, and so
+/// are ids from two copies of the table (its own segments and a sorted version's), whose rows
+/// overlap. The copy is the one holding the first id.
 pub fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Result<Vec<&'a SegmentMeta>> {
-    let by_id: HashMap<&str, &SegmentMeta> = snapshot.manifest.segments.iter().map(|s| (s.id.as_str(), s)).collect();
+    let manifest = &snapshot.manifest;
+    let copy = ids.first().and_then(|first| manifest.copies().find(|(_, segments)| segments.iter().any(|s| s.id == *first)));
+    let segments = copy.map_or(manifest.segments.as_slice(), |(_, segments)| segments);
+    let by_id: HashMap<&str, &SegmentMeta> = segments.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut seen = HashSet::new();
     ids.iter()
         .map(|id| {
@@ -83,7 +100,11 @@ pub fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Resul
                 return plan_err!("segment '{id}' requested twice");
             }
             by_id.get(id.as_str()).copied().ok_or_else(|| {
-                plan_datafusion_err!("table '{}' version {} has no segment '{id}'", snapshot.manifest.table, snapshot.manifest.version)
+                if manifest.all_segments().any(|s| s.id == *id) {
+                    plan_datafusion_err!("table '{}' version {}: segment '{id}' belongs to another sorted copy than segment '{}'", manifest.table, manifest.version, ids[0])
+                } else {
+                    plan_datafusion_err!("table '{}' version {} has no segment '{id}'", manifest.table, manifest.version)
+                }
             })
         })
         .collect()
@@ -144,29 +165,59 @@ pub fn check_segment_file(snapshot: &TableSnapshot, segment: &SegmentMeta) -> Re
     Err(DataFusionError::External(Box::new(TableError::CorruptSegment { path, reason })))
 }
 
-/// Manifest statistics of segments, in the form DataFusion's pruning predicate evaluates.
-pub struct SegmentStatistics<'a> {
+/// A segment's rows and per-column bounds, as the node's manifest ([`SegmentMeta`]) or the
+/// host's table information ([`SegmentInfo`]) holds them.
+pub trait SegmentBounds {
+    /// Rows in the segment.
+    fn rows(&self) -> u64;
+    /// Lower and upper bound (canonical text) and NULL count of column `index`.
+    fn bounds(&self, index: usize) -> (Option<&String>, Option<&String>, Option<u64>);
+}
+
+impl SegmentBounds for SegmentMeta {
+    fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    fn bounds(&self, index: usize) -> (Option<&String>, Option<&String>, Option<u64>) {
+        self.columns.get(index).map_or((None, None, None), |c| (c.min.as_ref(), c.max.as_ref(), c.null_count))
+    }
+}
+
+impl SegmentBounds for SegmentInfo {
+    fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    fn bounds(&self, index: usize) -> (Option<&String>, Option<&String>, Option<u64>) {
+        self.columns.get(index).map_or((None, None, None), |c| (c.min.as_ref(), c.max.as_ref(), c.null_count))
+    }
+}
+
+/// Segment statistics, in the form DataFusion's pruning predicate evaluates.
+pub struct SegmentStatistics<'a, S: SegmentBounds = SegmentMeta> {
     /// Segments, one container each.
-    pub segments: &'a [&'a SegmentMeta],
+    pub segments: &'a [&'a S],
     /// The table's full scan schema.
     pub schema: &'a SchemaRef,
 }
 
-impl SegmentStatistics<'_> {
+impl<S: SegmentBounds> SegmentStatistics<'_, S> {
     fn bound(&self, column: &Column, max: bool) -> Option<ArrayRef> {
         let index = self.schema.index_of(&column.name).ok()?;
         let data_type = self.schema.field(index).data_type();
         let values = self.segments.iter().map(|s| {
-            let text = s.columns.get(index).and_then(|c| if max { c.max.clone() } else { c.min.clone() });
+            let (lo, hi, _) = s.bounds(index);
+            let text = if max { hi } else { lo };
             // An unparsable bound is treated as unknown, which never prunes.
-            text.and_then(|t| ScalarValue::try_from_string(t, data_type).ok())
+            text.and_then(|t| ScalarValue::try_from_string(t.clone(), data_type).ok())
                 .unwrap_or_else(|| ScalarValue::try_new_null(data_type).expect("null of column type"))
         });
         ScalarValue::iter_to_array(values).ok()
     }
 }
 
-impl PruningStatistics for SegmentStatistics<'_> {
+impl<S: SegmentBounds> PruningStatistics for SegmentStatistics<'_, S> {
     fn min_values(&self, column: &Column) -> Option<ArrayRef> {
         self.bound(column, false)
     }
@@ -181,11 +232,11 @@ impl PruningStatistics for SegmentStatistics<'_> {
 
     fn null_counts(&self, column: &Column) -> Option<ArrayRef> {
         let index = self.schema.index_of(&column.name).ok()?;
-        Some(Arc::new(UInt64Array::from_iter(self.segments.iter().map(|s| s.columns.get(index).and_then(|c| c.null_count)))))
+        Some(Arc::new(UInt64Array::from_iter(self.segments.iter().map(|s| s.bounds(index).2))))
     }
 
     fn row_counts(&self) -> Option<ArrayRef> {
-        Some(Arc::new(UInt64Array::from_iter_values(self.segments.iter().map(|s| s.rows))))
+        Some(Arc::new(UInt64Array::from_iter_values(self.segments.iter().map(|s| s.rows()))))
     }
 
     fn contained(&self, _column: &Column, _values: &HashSet<ScalarValue>) -> Option<BooleanArray> {

@@ -25,8 +25,9 @@ pub mod profile;
 pub mod star;
 pub mod verified_store;
 pub mod view_compaction;
+pub mod zones;
 
-pub use api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentColumn, SegmentInfo, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+pub use api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentColumn, SegmentInfo, SegmentRead, SortedCopy, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};
 pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragment, validate_fragment};
 pub use grace_join::GraceHashJoinExec;

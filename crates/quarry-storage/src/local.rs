@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::physical_plan::parquet::{ParquetAccessPlan, RowGroupAccess};
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::common::{internal_err, plan_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
@@ -33,7 +36,7 @@ use datafusion::execution::context::SessionState;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryReservation, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::physical_expr::{PhysicalExpr, conjunction, conjunction_opt};
+use datafusion::physical_expr::{PhysicalExpr, conjunction_opt};
 use datafusion::physical_optimizer::pruning::PruningPredicateBuilder;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::expressions::Column;
@@ -67,6 +70,7 @@ use crate::node_job::NodeJobs;
 use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
+use crate::zones::ProbeKeys;
 use crate::verified_store::VerifiedStore;
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, read_calibration, thread_cpu_ns};
 
@@ -142,6 +146,45 @@ fn probe_leaf(probe: &StarProbeExec) -> (Option<&ScanLeafExec>, Option<&Arc<dyn 
         Some(_) => (None, None),
         None => (probe.input().downcast_ref::<ScanLeafExec>(), None),
     }
+}
+
+/// Which row groups of `segment` a probe with `keys` reads, by the segment's zone maps; `None`
+/// (all) without zones on a probed key. The rows skipped leave `stats.rows_scanned`.
+fn zone_mask(keys: Option<ProbeKeys<'_>>, segment: &SegmentMeta, stats: &mut ScanStats) -> Option<Vec<bool>> {
+    let zones = segment.zones.as_ref()?;
+    let mask = keys?.kept_row_groups(zones)?;
+    let skipped: u64 = zones.rows.iter().zip(&mask).filter(|(_, kept)| !**kept).map(|(rows, _)| rows).sum();
+    stats.rows_scanned = stats.rows_scanned.saturating_sub(skipped);
+    Some(mask)
+}
+
+/// `plan` with each Parquet file that has a mask in `masks` (by object path) reading only the
+/// row groups the mask keeps (DataFusion's `ParquetAccessPlan`).
+fn with_row_group_masks(plan: Arc<dyn ExecutionPlan>, masks: &HashMap<ObjectPath, Vec<bool>>) -> Result<Arc<dyn ExecutionPlan>> {
+    if masks.is_empty() {
+        return Ok(plan);
+    }
+    let masked = plan.transform_up(|node| {
+        let Some(config) = node.downcast_ref::<DataSourceExec>().and_then(|exec| exec.data_source().downcast_ref::<FileScanConfig>()) else {
+            return Ok(Transformed::no(node));
+        };
+        let mut config = config.clone();
+        config.file_groups = std::mem::take(&mut config.file_groups)
+            .into_iter()
+            .map(|group| {
+                group
+                    .into_inner()
+                    .into_iter()
+                    .map(|file| match masks.get(&file.object_meta.location) {
+                        Some(mask) => file.with_extension(ParquetAccessPlan::new(mask.iter().map(|&keep| if keep { RowGroupAccess::Scan } else { RowGroupAccess::Skip }).collect())),
+                        None => file,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Transformed::yes(DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>))
+    })?;
+    Ok(masked.data)
 }
 
 fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
@@ -466,39 +509,35 @@ impl LocalStorageNode {
         async move {
             if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
                 let snapshot = self.leaf_snapshot(leaf)?;
-                return self.bind_leaf(&snapshot, leaf, None, stats).await;
+                return self.bind_leaf(&snapshot, leaf, None, None, stats).await;
             }
-            let mut bounded = None;
             if let Some(probe) = plan.downcast_ref::<StarProbeExec>()
                 && let (Some(leaf), predicate) = probe_leaf(probe)
             {
                 let bounds = probe.key_bounds_predicate()?;
-                if let Some(scan) = self.bind_star_scan(probe, leaf, predicate, bounds.as_ref(), stats).await? {
+                let input_schema = probe.input().schema();
+                // A sorted copy's row groups that hold no kept key are skipped (zone maps).
+                let keys = probe.tables().map(|tables| ProbeKeys::new(probe.spec(), tables, &input_schema));
+                if let Some(scan) = self.bind_star_scan(probe, leaf, predicate, bounds.as_ref(), keys, stats).await? {
                     return Ok(scan);
                 }
                 // Over an ordinary scan, the bounds filter too: the scan prunes segments by them.
-                if let Some(bounds) = bounds {
-                    let source = probe.input().downcast_ref::<FilterExec>().map_or(probe.input(), |filter| filter.input());
-                    let predicate = conjunction(predicate.cloned().into_iter().chain([bounds]));
-                    bounded = Some(Arc::new(FilterExec::try_new(predicate, Arc::clone(source))?) as Arc<dyn ExecutionPlan>);
-                }
+                let snapshot = self.leaf_snapshot(leaf)?;
+                let source = probe.input().downcast_ref::<FilterExec>().map_or(probe.input(), |filter| filter.input());
+                let input = match conjunction_opt(predicate.cloned().into_iter().chain(bounds)) {
+                    Some(predicate) => {
+                        let filter: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(predicate, Arc::clone(source))?);
+                        self.bind_filter_over_leaf(&snapshot, &filter, leaf, keys, stats).await?
+                    }
+                    None => self.bind_leaf(&snapshot, leaf, None, keys, stats).await?,
+                };
+                return replace_children_if_necessary(Arc::clone(&plan), vec![input]);
             }
-            let plan = match bounded {
-                Some(input) => replace_children_if_necessary(plan, vec![input])?,
-                None => plan,
-            };
             if let Some(filter) = plan.downcast_ref::<FilterExec>()
                 && let Some(leaf) = filter.input().downcast_ref::<ScanLeafExec>()
             {
                 let snapshot = self.leaf_snapshot(leaf)?;
-                if let Some(select) = self.bind_plain_select(&snapshot, filter, leaf, stats)? {
-                    return Ok(select);
-                }
-                if let Some(select) = self.bind_page_select(&snapshot, filter, leaf, stats).await? {
-                    return Ok(select);
-                }
-                let scan = self.bind_leaf(&snapshot, leaf, Some(filter.predicate()), stats).await?;
-                return replace_children_if_necessary(Arc::clone(&plan), vec![scan]);
+                return self.bind_filter_over_leaf(&snapshot, &plan, leaf, None, stats).await;
             }
             let mut children = Vec::new();
             for child in plan.children() {
@@ -518,15 +557,37 @@ impl LocalStorageNode {
         .boxed()
     }
 
+    /// `filter` (a [`FilterExec`]) directly over `leaf`: a selection over PLAIN pages, or page
+    /// by page, or a filter over a Parquet scan; with `keys`, zone maps skip row groups.
+    async fn bind_filter_over_leaf(&self, snapshot: &TableSnapshot, filter_plan: &Arc<dyn ExecutionPlan>, leaf: &ScanLeafExec, keys: Option<ProbeKeys<'_>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
+        let filter = filter_plan.downcast_ref::<FilterExec>().expect("a filter over a leaf");
+        if let Some(select) = self.bind_plain_select(snapshot, filter, leaf, stats)? {
+            return Ok(select);
+        }
+        if let Some(select) = self.bind_page_select(snapshot, filter, leaf, keys, stats).await? {
+            return Ok(select);
+        }
+        let scan = self.bind_leaf(snapshot, leaf, Some(filter.predicate()), keys, stats).await?;
+        replace_children_if_necessary(Arc::clone(filter_plan), vec![scan])
+    }
+
     /// A Parquet scan of the leaf's segments that survive the manifest's statistics under
-    /// `predicate` (the filter the fragment applies directly above the leaf).
-    async fn bind_leaf(&self, snapshot: &TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
+    /// `predicate` (the filter the fragment applies directly above the leaf); with `keys`,
+    /// the row groups of a sorted copy that hold no kept key are skipped.
+    async fn bind_leaf(&self, snapshot: &TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, keys: Option<ProbeKeys<'_>>, stats: &mut ScanStats) -> Result<Arc<dyn ExecutionPlan>> {
         let kept = self.kept_segments(snapshot, leaf, predicate, stats)?;
         if kept.is_empty() {
             return Ok(Arc::new(EmptyExec::new(leaf.schema())));
         }
         let table_schema = scan_schema(&snapshot.schema);
-        self.parquet_scan(snapshot, &kept, &table_schema, leaf.leaf()).await
+        let scan = self.parquet_scan(snapshot, &kept, &table_schema, leaf.leaf()).await?;
+        let mut masks = HashMap::new();
+        for segment in &kept {
+            if let Some(mask) = zone_mask(keys, segment, stats) {
+                masks.insert(object_path(&snapshot.segment_path(segment))?, mask);
+            }
+        }
+        with_row_group_masks(scan, &masks)
     }
 
     /// The memory a fragment's scans hold at once: for each leaf, its largest row group of the
@@ -614,6 +675,7 @@ impl LocalStorageNode {
         leaf: &ScanLeafExec,
         predicate: Option<&Arc<dyn PhysicalExpr>>,
         bounds: Option<&Arc<dyn PhysicalExpr>>,
+        keys: Option<ProbeKeys<'_>>,
         stats: &mut ScanStats,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(tables) = probe.tables() else { return Ok(None) };
@@ -622,7 +684,7 @@ impl LocalStorageNode {
         }
         let snapshot = self.leaf_snapshot(leaf)?;
         let pruning = conjunction_opt(predicate.into_iter().chain(bounds).cloned());
-        let Some(segments) = self.paged_segments(&snapshot, leaf, pruning.as_ref(), stats).await? else { return Ok(None) };
+        let Some(segments) = self.paged_segments(&snapshot, leaf, pruning.as_ref(), keys, stats).await? else { return Ok(None) };
         let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
         let scan = StarScanExec::try_new(segments, self.profile.threads(), leaf.schema(), predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
         Ok(Some(Arc::new(scan)))
@@ -632,11 +694,11 @@ impl LocalStorageNode {
     /// it can on the stored values page by page and decodes the other columns only for the rows
     /// that pass; `None` (an ordinary scan and filter) where no comparison of the predicate runs
     /// that way or a segment has a column that reader does not read.
-    async fn bind_page_select(&self, snapshot: &TableSnapshot, filter: &FilterExec, leaf: &ScanLeafExec, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    async fn bind_page_select(&self, snapshot: &TableSnapshot, filter: &FilterExec, leaf: &ScanLeafExec, keys: Option<ProbeKeys<'_>>, stats: &mut ScanStats) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if leaf.leaf().limit.is_some() || !PageSelectExec::supports(&leaf.schema(), filter.predicate()) {
             return Ok(None);
         }
-        let Some(segments) = self.paged_segments(snapshot, leaf, Some(filter.predicate()), stats).await? else { return Ok(None) };
+        let Some(segments) = self.paged_segments(snapshot, leaf, Some(filter.predicate()), keys, stats).await? else { return Ok(None) };
         if segments.is_empty() {
             return Ok(Some(Arc::new(EmptyExec::new(filter.schema()))));
         }
@@ -647,8 +709,9 @@ impl LocalStorageNode {
     }
 
     /// The leaf's segments that survive the manifest's statistics under `predicate`, opened to
-    /// be read page by page; `None` (counting nothing) if one of them cannot be.
-    async fn paged_segments(&self, snapshot: &TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, stats: &mut ScanStats) -> Result<Option<Vec<PagedSegment>>> {
+    /// be read page by page (with `keys`, only a sorted copy's row groups that hold kept keys);
+    /// `None` (counting nothing) if one of them cannot be.
+    async fn paged_segments(&self, snapshot: &TableSnapshot, leaf: &ScanLeafExec, predicate: Option<&Arc<dyn PhysicalExpr>>, keys: Option<ProbeKeys<'_>>, stats: &mut ScanStats) -> Result<Option<Vec<PagedSegment>>> {
         let mut counted = ScanStats::default();
         let kept = self.kept_segments(snapshot, leaf, predicate, &mut counted)?;
         let columns = leaf.schema();
@@ -659,7 +722,10 @@ impl LocalStorageNode {
             match PagedSegment::open(self.verified.as_ref(), path, segment.bytes, &columns).await? {
                 Ok((opened, bytes)) => {
                     footer_bytes += bytes;
-                    segments.push(opened);
+                    segments.push(match zone_mask(keys, segment, &mut counted) {
+                        Some(mask) => opened.keeping(&mask),
+                        None => opened,
+                    });
                 }
                 Err(_) => return Ok(None),
             }

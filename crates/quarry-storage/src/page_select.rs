@@ -46,6 +46,8 @@ pub struct PagedSegment {
     pub path: ObjectPath,
     pub size: u64,
     pub metadata: Arc<ParquetMetaData>,
+    /// The row groups to read, in order (all, unless zone maps skip some).
+    pub row_groups: Vec<usize>,
 }
 
 impl PagedSegment {
@@ -66,7 +68,17 @@ impl PagedSegment {
                 }
             }
         }
-        Ok(Ok((PagedSegment { path, size, metadata: Arc::new(metadata) }, bytes)))
+        let row_groups = (0..metadata.num_row_groups()).collect();
+        Ok(Ok((PagedSegment { path, size, metadata: Arc::new(metadata), row_groups }, bytes)))
+    }
+
+    /// The same segment, reading only the row groups `kept` marks (one flag per row group of
+    /// the file; a mask of another length keeps them all).
+    pub fn keeping(mut self, kept: &[bool]) -> Self {
+        if kept.len() == self.metadata.num_row_groups() {
+            self.row_groups.retain(|&g| kept[g]);
+        }
+        self
     }
 
     /// Reads the chunks of `columns` (indices into `schema`, by name in the file) of row group
@@ -455,7 +467,7 @@ impl ExecutionPlan for PageSelectExec {
         };
         let batch_size = context.session_config().batch_size().max(1);
         let job = SelectJob::try_new(self, partition)?;
-        let groups: VecDeque<(PagedSegment, usize)> = segments.iter().flat_map(|s| (0..s.metadata.num_row_groups()).map(move |g| (s.clone(), g))).collect();
+        let groups: VecDeque<(PagedSegment, usize)> = segments.iter().flat_map(|s| s.row_groups.iter().map(move |&g| (s.clone(), g))).collect();
         // A row group's selected rows go out a few pages at a time, each batch gathered when
         // asked for, so that it is still in the cache when the operator above reads it.
         let batches = stream::try_unfold((job, groups, None::<Selected>), move |(mut job, mut groups, mut current)| async move {

@@ -189,6 +189,7 @@ mod tests {
             row_groups: 0,
             columns: vec![],
             checksums: Some(BlockChecksums::of_bytes(data)),
+            zones: None,
         }
     }
 

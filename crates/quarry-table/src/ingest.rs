@@ -19,14 +19,16 @@ pub fn write_batches(
     batches: impl Iterator<Item = Result<RecordBatch>>,
     progress: &dyn Fn(u64),
 ) -> Result<Vec<SegmentMeta>> {
-    write_segments_of(writer, batches, ROW_GROUP_ROWS, progress)
+    write_segments_of(writer, batches, ROW_GROUP_ROWS, None, progress)
 }
 
-/// [`write_batches`] into segments of at most `segment_rows` rows each.
+/// [`write_batches`] into segments of at most `segment_rows` rows each; with `sorted_by`, the
+/// segments of a copy sorted by that column ([`TableWriter::new_sorted_segment`]).
 pub fn write_segments_of(
     writer: &TableWriter,
     batches: impl Iterator<Item = Result<RecordBatch>>,
     segment_rows: usize,
+    sorted_by: Option<&str>,
     progress: &dyn Fn(u64),
 ) -> Result<Vec<SegmentMeta>> {
     let segment_rows = segment_rows.max(1);
@@ -38,7 +40,10 @@ pub fn write_segments_of(
         while batch.num_rows() > 0 {
             let segment = match &mut current {
                 Some(segment) => segment,
-                None => current.insert(writer.new_segment()?),
+                None => current.insert(match sorted_by {
+                    Some(key) => writer.new_sorted_segment(key)?,
+                    None => writer.new_segment()?,
+                }),
             };
             let room = segment_rows - segment.rows() as usize;
             let take = room.min(batch.num_rows());

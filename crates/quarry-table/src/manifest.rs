@@ -48,6 +48,21 @@ pub struct Manifest {
     pub properties: BTreeMap<String, String>,
     /// The segments, in table order.
     pub segments: Vec<SegmentMeta>,
+    /// Further copies of the same rows, each sorted by a key of its own (HippogriffDB's
+    /// query-adaptive versions, `quarry layout apply`): a query reads whichever of `segments`
+    /// and these reads the fewest bytes. Appends add their segments to every one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<SortedVersion>,
+}
+
+/// A copy of a table's rows sorted by its own key; it holds exactly the rows of the table's
+/// `segments`, in other segments (an append's segments are shared by every copy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SortedVersion {
+    /// Columns the copy's rows are ordered by (appended segments excepted).
+    pub sort_key: Vec<String>,
+    /// Its segments.
+    pub segments: Vec<SegmentMeta>,
 }
 
 /// A table's columns as stored in the manifest.
@@ -87,6 +102,23 @@ pub struct SegmentMeta {
     /// written before checksums existed (their reads are not verified).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<BlockChecksums>,
+    /// Zone maps: each row group's bounds in the column a sorted copy is sorted by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zones: Option<Zones>,
+}
+
+/// A segment's row groups and their bounds in one column (SoftFlash's zone maps), in the
+/// column type's canonical text form; `None` where a row group has no bound (all NULL).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Zones {
+    /// The column.
+    pub column: String,
+    /// Rows of each row group.
+    pub rows: Vec<u64>,
+    /// Lower bounds.
+    pub min: Vec<Option<String>>,
+    /// Upper bounds.
+    pub max: Vec<Option<String>>,
 }
 
 /// Statistics of one column in one segment. `min`/`max` are valid bounds (possibly truncated for
@@ -180,6 +212,19 @@ impl Manifest {
         self.segments.iter().map(|s| s.bytes).sum()
     }
 
+    /// Every segment any copy of the table names (the table's own, then each sorted version's),
+    /// each once: the files the manifest keeps.
+    pub fn all_segments(&self) -> impl Iterator<Item = &SegmentMeta> {
+        let mut seen = std::collections::HashSet::new();
+        self.segments.iter().chain(self.versions.iter().flat_map(|v| &v.segments)).filter(move |s| seen.insert(s.id.as_str()))
+    }
+
+    /// The segment sets a scan may read, each holding every row once: the table's own
+    /// (`None`), then each sorted version's (`Some(index)`).
+    pub fn copies(&self) -> impl Iterator<Item = (Option<usize>, &[SegmentMeta])> {
+        std::iter::once((None, self.segments.as_slice())).chain(self.versions.iter().enumerate().map(|(i, v)| (Some(i), v.segments.as_slice())))
+    }
+
     /// The Arrow schema of the table.
     pub fn arrow_schema(&self, manifest_path: &Path) -> Result<SchemaRef> {
         self.schema.to_arrow().map_err(|reason| TableError::CorruptManifest {
@@ -212,18 +257,44 @@ impl Manifest {
                 return Err(corrupt(format!("sort key or Bloom filter column '{key}' is not a column")));
             }
         }
-        let mut ids = std::collections::HashSet::new();
-        for segment in &self.segments {
-            if !is_valid_segment_id(&segment.id) || segment.path != segment_relative_path(&segment.id) {
-                return Err(corrupt(format!("segment '{}' has an invalid id or path '{}'", segment.id, segment.path)));
+        let schema_names: Vec<&str> = self.schema.fields.iter().map(|c| c.name.as_str()).collect();
+        let mut files: std::collections::HashMap<&str, &SegmentMeta> = std::collections::HashMap::new();
+        for (copy, segments) in self.copies() {
+            let mut ids = std::collections::HashSet::new();
+            for segment in segments {
+                if !is_valid_segment_id(&segment.id) || segment.path != segment_relative_path(&segment.id) {
+                    return Err(corrupt(format!("segment '{}' has an invalid id or path '{}'", segment.id, segment.path)));
+                }
+                if !ids.insert(segment.id.as_str()) {
+                    return Err(corrupt(format!("segment '{}' is listed twice", segment.id)));
+                }
+                // A segment two copies share is one file: they must describe it alike.
+                if files.insert(segment.id.as_str(), segment).is_some_and(|other| other != segment) {
+                    return Err(corrupt(format!("segment '{}' is described differently by two copies of the table", segment.id)));
+                }
+                if let Some(zones) = &segment.zones {
+                    let counts = [zones.rows.len(), zones.min.len(), zones.max.len()];
+                    if counts.iter().any(|&n| n != segment.row_groups as usize)
+                        || zones.rows.iter().sum::<u64>() != segment.rows
+                        || !names.contains(zones.column.as_str())
+                    {
+                        return Err(corrupt(format!("segment '{}' has zones that do not match its row groups or columns", segment.id)));
+                    }
+                }
+                let stat_names: Vec<&str> = segment.columns.iter().map(|c| c.name.as_str()).collect();
+                if stat_names != schema_names {
+                    return Err(corrupt(format!("segment '{}' statistics do not match the schema's columns", segment.id)));
+                }
             }
-            if !ids.insert(segment.id.as_str()) {
-                return Err(corrupt(format!("segment '{}' is listed twice", segment.id)));
-            }
-            let stat_names: Vec<&str> = segment.columns.iter().map(|c| c.name.as_str()).collect();
-            let schema_names: Vec<&str> = self.schema.fields.iter().map(|c| c.name.as_str()).collect();
-            if stat_names != schema_names {
-                return Err(corrupt(format!("segment '{}' statistics do not match the schema's columns", segment.id)));
+            if let Some(v) = copy {
+                let version = &self.versions[v];
+                if let Some(key) = version.sort_key.iter().find(|k| !names.contains(k.as_str())) {
+                    return Err(corrupt(format!("sorted version {} has sort key column '{key}', which is not a column", v + 1)));
+                }
+                let rows: u64 = segments.iter().map(|s| s.rows).sum();
+                if rows != self.total_rows() {
+                    return Err(corrupt(format!("sorted version {} holds {rows} rows, the table {}", v + 1, self.total_rows())));
+                }
             }
         }
         Ok(())

@@ -96,6 +96,7 @@ impl Warehouse {
             bloom_filter_columns: manifest.bloom_filter_columns.clone(),
             page_encoding: manifest.page_encoding,
             column_layouts: manifest.column_layouts.clone(),
+            zone_column: None,
         };
         let mut writer = self.begin_write(table, &current.schema, WriteMode::Append, options, manifest.sort_key.clone())?;
         let recorded = writer.record_missing_checksums()?;
@@ -123,7 +124,7 @@ impl Warehouse {
                 }
                 Err(e) => return Err(e),
             };
-            for segment in &snapshot.manifest.segments {
+            for segment in snapshot.manifest.all_segments() {
                 if !seen.insert(segment.id.clone()) {
                     continue;
                 }

@@ -30,7 +30,7 @@ use arrow::datatypes::SchemaRef;
 use crate::checksum::BlockChecksums;
 use crate::error::{Result, TableError};
 use crate::manifest::{
-    MANIFEST_FORMAT_VERSION, Manifest, SegmentMeta, TableSchema, manifest_file_name, parse_manifest_file_name,
+    MANIFEST_FORMAT_VERSION, Manifest, SegmentMeta, SortedVersion, TableSchema, manifest_file_name, parse_manifest_file_name,
     storage_schema,
 };
 use crate::segment::{SegmentOptions, SegmentWriter, check_column_layouts};
@@ -225,7 +225,7 @@ impl Warehouse {
                 });
             }
         }
-        let base = if mode == WriteMode::Append { base } else { base.map(|m| Manifest { segments: vec![], ..m }) };
+        let base = if mode == WriteMode::Append { base } else { base.map(|m| Manifest { segments: vec![], versions: vec![], ..m }) };
         let mut options = options;
         if let (WriteMode::Append, Some(base)) = (mode, &base) {
             // A table's pages keep one encoding, so its scans cost the same in every segment.
@@ -263,6 +263,15 @@ impl TableWriter {
         SegmentWriter::create(&self.dir, id, self.schema.clone(), &self.options)
     }
 
+    /// Opens a new segment file of a copy sorted by `key`: small row groups, their bounds in
+    /// `key` recorded as zones (see [`SegmentOptions::zone_column`]).
+    pub fn new_sorted_segment(&self, key: &str) -> Result<SegmentWriter> {
+        let seq = self.segment_seq.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}-{seq:06}", self.id_prefix);
+        let options = SegmentOptions { zone_column: Some(key.to_string()), ..self.options.clone() };
+        SegmentWriter::create(&self.dir, id, self.schema.clone(), &options)
+    }
+
     /// Records block checksums for the existing segments that have none (written before
     /// checksums existed), from their bytes as they are now; they are part of the next commit.
     /// Returns how many segments gained checksums.
@@ -278,15 +287,34 @@ impl TableWriter {
             segment.checksums = Some(checksums);
             recorded += 1;
         }
+        // A segment the sorted versions share is the same file: it gains the same checksums.
+        let recorded_now: std::collections::HashMap<String, BlockChecksums> = base.segments.iter().filter_map(|s| Some((s.id.clone(), s.checksums.clone()?))).collect();
+        for segment in base.versions.iter_mut().flat_map(|v| v.segments.iter_mut()).filter(|s| s.checksums.is_none()) {
+            segment.checksums = recorded_now.get(&segment.id).cloned();
+        }
         Ok(recorded)
     }
 
-    /// Commits `segments` (in table order) as the table's next version.
-    pub fn commit(mut self, segments: Vec<SegmentMeta>, properties: Vec<(String, String)>) -> Result<Manifest> {
-        let (version, mut all_segments, mut props) = match &self.base {
-            Some(base) => (base.version + 1, base.segments.clone(), base.properties.clone()),
-            None => (1 + latest_version_on_disk(&self.dir)?, Vec::new(), Default::default()),
+    /// Commits `segments` (in table order) as the table's next version. An append adds them
+    /// to every sorted version too.
+    pub fn commit(self, segments: Vec<SegmentMeta>, properties: Vec<(String, String)>) -> Result<Manifest> {
+        self.commit_with_versions(segments, Vec::new(), properties)
+    }
+
+    /// Commits `segments` and further sorted copies of the same rows (`quarry layout apply`);
+    /// after an append, `versions` must be empty: the table's versions gain `segments`.
+    pub fn commit_with_versions(mut self, segments: Vec<SegmentMeta>, versions: Vec<SortedVersion>, properties: Vec<(String, String)>) -> Result<Manifest> {
+        let (version, mut all_segments, mut all_versions, mut props) = match &self.base {
+            Some(base) => (base.version + 1, base.segments.clone(), base.versions.clone(), base.properties.clone()),
+            None => (1 + latest_version_on_disk(&self.dir)?, Vec::new(), Vec::new(), Default::default()),
         };
+        if !all_versions.is_empty() && !versions.is_empty() {
+            return Err(TableError::SchemaMismatch { table: self.table.clone(), reason: "sorted versions replace a table's rows; they cannot be appended".into() });
+        }
+        for copy in &mut all_versions {
+            copy.segments.extend(segments.iter().cloned());
+        }
+        all_versions.extend(versions);
         all_segments.extend(segments);
         props.extend(properties);
         let manifest = Manifest {
@@ -301,10 +329,11 @@ impl TableWriter {
             column_layouts: self.options.column_layouts.clone(),
             properties: props,
             segments: all_segments,
+            versions: all_versions,
         };
         let manifest_path = self.dir.join(manifest_file_name(version));
         manifest.validate(&manifest_path)?;
-        for segment in &manifest.segments {
+        for segment in manifest.all_segments() {
             let path = self.dir.join(&segment.path);
             if !path.is_file() {
                 return Err(TableError::CorruptSegment { path, reason: "segment file missing at commit".into() });
@@ -417,7 +446,7 @@ fn recover_table(dir: &Path) -> Result<()> {
         match serde_json::from_str::<Manifest>(&text) {
             Ok(manifest) => {
                 keep_manifests.push(version);
-                keep_segments.extend(manifest.segments.into_iter().map(|s| format!("{}.parquet", s.id)));
+                keep_segments.extend(manifest.all_segments().map(|s| format!("{}.parquet", s.id)));
             }
             Err(e) if version == committed => {
                 return Err(TableError::CorruptManifest { path, reason: e.to_string() });

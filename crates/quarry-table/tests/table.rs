@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use arrow::array::{Date32Array, Decimal128Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use quarry_table::ingest::write_batches;
-use quarry_table::{PageEncoding, SegmentOptions, TableError, Warehouse, WriteMode};
+use quarry_table::ingest::{write_batches, write_segments_of};
+use quarry_table::segment::ZONE_ROWS;
+use quarry_table::{PageEncoding, SegmentOptions, SortedVersion, TableError, Warehouse, WriteMode};
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -84,6 +85,46 @@ fn segments_record_which_columns_ascend() {
     // Out of order inside one batch.
     let reversed = arrow::compute::take_record_batch(&batch(1..101), &arrow::array::UInt32Array::from_iter_values((0..100).rev())).unwrap();
     assert_eq!(ascending(vec![reversed]), [false, false, false, false]);
+}
+
+#[test]
+fn sorted_copies_commit_with_zones_gain_appends_and_keep_their_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let rows = 2 * ZONE_ROWS as i64 + 100;
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Replace, SegmentOptions::default(), vec!["id".into()]).unwrap();
+    let own = write_batches(&writer, std::iter::once(Ok(batch(0..rows))), &|_| {}).unwrap();
+    // The copy holds the same rows, sorted by `day` (which ascends with `id` here).
+    let copy = write_segments_of(&writer, std::iter::once(Ok(batch(0..rows))), rows as usize, Some("day"), &|_| {}).unwrap();
+    let manifest = writer.commit_with_versions(own, vec![SortedVersion { sort_key: vec!["day".into()], segments: copy }], vec![]).unwrap();
+    let [version] = manifest.versions.as_slice() else { panic!("one sorted copy: {:?}", manifest.versions) };
+    let [segment] = version.segments.as_slice() else { panic!("one segment") };
+    let zones = segment.zones.as_ref().expect("a sorted copy's segment has zones");
+    assert_eq!((zones.column.as_str(), zones.rows.len(), segment.row_groups), ("day", 3, 3));
+    assert_eq!(zones.rows, [ZONE_ROWS as u64, ZONE_ROWS as u64, 100]);
+    assert_eq!((zones.min[0].as_deref(), zones.max[2].as_deref()), (Some("1991-11-27"), Some("2081-11-21")));
+    assert!(manifest.segments[0].zones.is_none());
+    let data = dir.path().join("t").join("data");
+    assert_eq!(files_in(&data).len(), 2);
+
+    // An append adds its segment to every copy; their files survive the commits after it.
+    let appended = load(&warehouse, "t", WriteMode::Append, rows..rows + 10);
+    let new = &appended.segments.last().unwrap().id;
+    assert_eq!(appended.versions[0].segments.last().map(|s| &s.id), Some(new));
+    assert_eq!(appended.versions[0].segments.iter().map(|s| s.rows).sum::<u64>(), appended.total_rows());
+    load(&warehouse, "t", WriteMode::Append, rows + 10..rows + 20);
+    assert_eq!(files_in(&data).len(), 4, "both copies' files and the two appended ones");
+    // Sorted copies cannot be appended as such, and a replace drops them.
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Append, SegmentOptions::default(), vec![]).unwrap();
+    let more = write_segments_of(&writer, std::iter::once(Ok(batch(0..5))), 5, Some("day"), &|_| {}).unwrap();
+    assert!(writer.commit_with_versions(vec![], vec![SortedVersion { sort_key: vec!["day".into()], segments: more }], vec![]).is_err());
+    let replaced = load(&warehouse, "t", WriteMode::Replace, 0..10);
+    assert!(replaced.versions.is_empty());
+
+    // A copy of other rows is a corrupt manifest.
+    let mut bad = appended.clone();
+    bad.versions[0].segments.pop();
+    assert!(matches!(bad.validate(std::path::Path::new("m.json")), Err(TableError::CorruptManifest { .. })));
 }
 
 #[test]

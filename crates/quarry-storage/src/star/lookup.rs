@@ -343,6 +343,29 @@ impl KeyLookup {
         }
     }
 
+    /// How many keys lie in `lo..=hi`; `None` for string keys, or where the part of the range
+    /// the keys span is too wide to count (more than 2^24 values and more than the keys).
+    pub fn count_in(&self, lo: i64, hi: i64) -> Option<u64> {
+        let (lo, hi) = match self.bounds() {
+            KeyBounds::Any => return None,
+            KeyBounds::Empty => return Some(0),
+            KeyBounds::Within(a, b) => (lo.max(a), hi.min(b)),
+        };
+        if lo > hi {
+            return Some(0);
+        }
+        let width = (hi as i128 - lo as i128 + 1) as u128;
+        if let KeyLookup::Ints(map) = self
+            && width > map.len() as u128
+        {
+            return Some(map.keys().filter(|&&k| (lo..=hi).contains(&k)).count() as u64);
+        }
+        if width > 1 << 24 {
+            return None;
+        }
+        Some((lo..=hi).filter(|&key| self.code_int(key) != NO_CODE).count() as u64)
+    }
+
     /// How the keys are looked up, as EXPLAIN names it.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -652,6 +675,22 @@ mod tests {
 
     /// A dense table takes the narrowest codes its groups allow, and finds the same codes in
     /// each: bits for one group, bytes below 255 groups, `u16`s below 65535, else `u32`s.
+    #[test]
+    fn keys_in_a_range_are_counted_in_every_form() {
+        let dense: ArrayRef = Arc::new(Int32Array::from(vec![10, 12, 13]));
+        let lookup = unique(KeyLookup::build(&dense, &[0, 1, 2]).unwrap());
+        assert_eq!([(0, 9), (0, 10), (11, 11), (11, 13), (13, 100)].map(|(lo, hi)| lookup.count_in(lo, hi)), [0, 1, 0, 2, 1].map(Some));
+        let spread = spread_keys();
+        let lookup = unique(KeyLookup::build(&(Arc::new(Int32Array::from(spread)) as ArrayRef), &[0; 20_000]).unwrap());
+        // Keys 50, 53, 56, 59, then 450, ...: a cluster of four per 400 values.
+        assert_eq!([(0, 49), (50, 55), (57, 449), (0, 849)].map(|(lo, hi)| lookup.count_in(lo, hi)), [0, 2, 1, 8].map(Some));
+        let sparse: ArrayRef = Arc::new(Int32Array::from(vec![1, 100_000_000, -5]));
+        let lookup = unique(KeyLookup::build(&sparse, &[7, 8, 9]).unwrap());
+        assert_eq!([(-10, 0), (0, i64::MAX), (2, 99_999_999)].map(|(lo, hi)| lookup.count_in(lo, hi)), [1, 2, 0].map(Some));
+        let strings: ArrayRef = Arc::new(StringArray::from(vec!["a"]));
+        assert_eq!(unique(KeyLookup::build(&strings, &[0]).unwrap()).count_in(0, 10), None);
+    }
+
     #[test]
     fn dense_codes_are_as_narrow_as_the_groups() {
         let keys: ArrayRef = Arc::new(Int32Array::from_iter_values((0..200_000).map(|i| 1_000 + 2 * i)));

@@ -107,7 +107,7 @@ impl ExecutionPlan for StarScanExec {
         let schema = Arc::clone(&self.schema);
         let output = stream::once(async move {
             for segment in segments {
-                for group in 0..segment.metadata.num_row_groups() {
+                for &group in &segment.row_groups {
                     job.row_group(&segment, group).await?;
                 }
             }
