@@ -44,8 +44,9 @@ enum LayoutCommand {
     /// sort keys (sorted versions, within --budget-space) that let its queries skip segments.
     Plan(PlanArgs),
     /// Rewrites TABLE into a plan's layout (`layout plan --output`): each column in its
-    /// encoding and codec, the rows sorted by the plan's first version's key, as one atomic
-    /// commit; appends keep the layout.
+    /// encoding and codec, the rows sorted by the plan's first version's key, and a copy sorted
+    /// by each further version's key (queries read whichever copy reads fewer bytes), as one
+    /// atomic commit; appends keep the layout and add to every copy.
     Apply(ApplyArgs),
 }
 
