@@ -421,8 +421,10 @@ impl ColumnChunk {
         if descr.max_def_level() == 1 && column.statistics().and_then(|s| s.null_count_opt()).is_none_or(|n| n > 0) {
             return unsupported(format!("column {} may hold NULLs", descr.path()));
         }
+        let integers = matches!(column.column_type(), PhysicalType::INT32 | PhysicalType::INT64);
         for encoding in column.encodings() {
-            if !matches!(encoding, Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY) {
+            let delta = encoding == Encoding::DELTA_BINARY_PACKED && integers;
+            if !delta && !matches!(encoding, Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY) {
                 return unsupported(format!("column {} uses the {encoding} encoding", descr.path()));
             }
         }
@@ -488,6 +490,11 @@ impl ColumnChunk {
                             ValueKind::Bytes => PageBody::PlainBytes(ByteValues::parse(values, count)?),
                         },
                         Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => PageBody::Indices(Indices::parse(values, count)?),
+                        // Decoded whole into PLAIN form: deltas have no random access.
+                        Encoding::DELTA_BINARY_PACKED if kind != ValueKind::Bytes => {
+                            let width = if kind == ValueKind::Int32 { 4 } else { 8 };
+                            PageBody::Plain { data: delta_binary_packed(&values, count, width)?, width }
+                        }
                         other => return unsupported(format!("a data page encoded {other}")),
                     };
                     data_pages.push(DataPage { first_row: next_row, rows: count, body });
@@ -799,6 +806,71 @@ fn skip_all_valid_levels(page: Bytes, count: usize) -> Result<Bytes> {
     Ok(page.slice(4 + len..))
 }
 
+/// The `count` values of a DELTA_BINARY_PACKED page (the Parquet format's specification:
+/// a header of block size, miniblocks per block, value count and first value, then blocks of a
+/// minimum delta, each miniblock's bit width and the miniblocks' bit-packed deltas), as
+/// `width`-byte little-endian integers. Sums wrap, as the writer's differences did.
+fn delta_binary_packed(page: &[u8], count: usize, width: usize) -> Result<Bytes> {
+    let mut at = 0usize;
+    let varint = |at: &mut usize| -> Result<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let &byte = page.get(*at).ok_or_else(|| Unsupported("a DELTA_BINARY_PACKED page ends early".into()))?;
+            *at += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        unsupported("a DELTA_BINARY_PACKED varint is too long")
+    };
+    let zigzag = |v: u64| ((v >> 1) as i64) ^ -((v & 1) as i64);
+    let block = varint(&mut at)? as usize;
+    let miniblocks = varint(&mut at)? as usize;
+    let total = varint(&mut at)? as usize;
+    let mut value = zigzag(varint(&mut at)?);
+    if total != count || miniblocks == 0 || block == 0 || block % miniblocks != 0 || (block / miniblocks) % 8 != 0 {
+        return unsupported(format!("a DELTA_BINARY_PACKED page of {total} values in blocks of {block} / {miniblocks} for {count} rows"));
+    }
+    let per_miniblock = block / miniblocks;
+    let mut out = Vec::with_capacity(count * width);
+    let mut push = |v: i64| if width == 4 { out.extend_from_slice(&(v as i32).to_le_bytes()) } else { out.extend_from_slice(&v.to_le_bytes()) };
+    if count > 0 {
+        push(value);
+    }
+    let mut left = count.saturating_sub(1);
+    while left > 0 {
+        let min_delta = zigzag(varint(&mut at)?);
+        let widths = page.get(at..at + miniblocks).ok_or_else(|| Unsupported("a DELTA_BINARY_PACKED block ends early".into()))?.to_vec();
+        at += miniblocks;
+        for bits in widths {
+            if left == 0 {
+                break;
+            }
+            let bits = bits as usize;
+            if bits > 64 {
+                return unsupported(format!("a DELTA_BINARY_PACKED miniblock of {bits}-bit deltas"));
+            }
+            let bytes = per_miniblock * bits / 8;
+            let packed = page.get(at..at + bytes).ok_or_else(|| Unsupported("a DELTA_BINARY_PACKED miniblock ends early".into()))?;
+            at += bytes;
+            for j in 0..per_miniblock.min(left) {
+                // The j-th `bits`-bit field, least significant bit first.
+                let (first, shift) = ((j * bits) / 8, (j * bits) % 8);
+                let mut window = [0u8; 16];
+                let end = (first + 16).min(packed.len());
+                window[..end - first].copy_from_slice(&packed[first..end]);
+                let field = (u128::from_le_bytes(window) >> shift) as u64;
+                let delta = if bits == 64 { field } else { field & ((1u64 << bits) - 1) };
+                value = value.wrapping_add(min_delta).wrapping_add(delta as i64);
+                push(value);
+            }
+            left -= per_miniblock.min(left);
+        }
+    }
+    Ok(Bytes::from(out))
+}
+
 #[cfg(test)]
 mod tests {
     use arrow::array::{Array, AsArray, Int32Array, Int64Array, RecordBatch, StringArray};
@@ -848,6 +920,29 @@ mod tests {
             .collect()
     }
 
+    /// DELTA_BINARY_PACKED pages of values whose differences overflow (and of one value, and
+    /// of runs of equal ones) read back as written.
+    #[test]
+    fn delta_pages_read_back_at_the_extremes() {
+        let wide: Vec<i64> = (0..5_000).map(|i| [i64::MAX, i64::MIN, 0, -1, i * 1_000_003, 7][i as usize % 6]).chain([42; 300]).collect();
+        let narrow: Vec<i32> = wide.iter().map(|&v| v as i32).collect();
+        let schema = Arc::new(Schema::new(vec![Field::new("wide", DataType::Int64, false), Field::new("narrow", DataType::Int32, false)]));
+        let data = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(wide.clone())), Arc::new(Int32Array::from(narrow.clone()))]).unwrap();
+        for page_rows in [1, 700, 20_000] {
+            let props = WriterProperties::builder()
+                .set_dictionary_enabled(false)
+                .set_encoding(parquet::basic::Encoding::DELTA_BINARY_PACKED)
+                .set_data_page_row_count_limit(page_rows)
+                .set_write_batch_size(page_rows)
+                .build();
+            let file = write(&data, props);
+            let chunks: Vec<ColumnChunk> = chunks(&file).into_iter().map(|c| c.unwrap()).collect();
+            let all: Vec<u32> = (0..wide.len() as u32).collect();
+            assert_eq!(chunks[0].gather(&all, &DataType::Int64).unwrap().as_primitive::<arrow::datatypes::Int64Type>().values().to_vec(), wide, "{page_rows} rows a page");
+            assert_eq!(chunks[1].gather(&all, &DataType::Int32).unwrap().as_primitive::<arrow::datatypes::Int32Type>().values().to_vec(), narrow, "{page_rows} rows a page");
+        }
+    }
+
     /// Every configuration: the values gathered at a selection and the rows a lookup keeps are
     /// those of the batch written.
     #[test]
@@ -858,6 +953,12 @@ mod tests {
             WriterProperties::builder().set_compression(Compression::SNAPPY).set_data_page_row_count_limit(4_000).build(),
             WriterProperties::builder().set_dictionary_enabled(false).set_data_page_row_count_limit(3_000).build(),
             WriterProperties::builder().set_compression(Compression::ZSTD(Default::default())).set_dictionary_page_size_limit(1024).build(),
+            WriterProperties::builder()
+                .set_dictionary_enabled(false)
+                .set_encoding(parquet::basic::Encoding::DELTA_BINARY_PACKED)
+                .set_column_encoding("name".into(), parquet::basic::Encoding::PLAIN)
+                .set_data_page_row_count_limit(3_000)
+                .build(),
         ];
         // Dense and sparse selections: pages are decoded whole for one, value by value for the other.
         let dense: Vec<u32> = (0..rows as u32).filter(|r| r % 13 == 0 || r % 1000 < 3).collect();
