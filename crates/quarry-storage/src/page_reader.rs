@@ -839,6 +839,7 @@ fn delta_binary_packed(page: &[u8], count: usize, width: usize) -> Result<Bytes>
         push(value);
     }
     let mut left = count.saturating_sub(1);
+    let mut padded = Vec::new();
     while left > 0 {
         let min_delta = zigzag(varint(&mut at)?);
         let widths = page.get(at..at + miniblocks).ok_or_else(|| Unsupported("a DELTA_BINARY_PACKED block ends early".into()))?.to_vec();
@@ -854,15 +855,21 @@ fn delta_binary_packed(page: &[u8], count: usize, width: usize) -> Result<Bytes>
             let bytes = per_miniblock * bits / 8;
             let packed = page.get(at..at + bytes).ok_or_else(|| Unsupported("a DELTA_BINARY_PACKED miniblock ends early".into()))?;
             at += bytes;
+            // Padded so that every field is read as one unaligned 16-byte load (a per-value
+            // copy into a window took 30% of SSB q2.1's samples over delta pages).
+            padded.clear();
+            padded.extend_from_slice(packed);
+            padded.resize(bytes + 16, 0);
+            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
             for j in 0..per_miniblock.min(left) {
                 // The j-th `bits`-bit field, least significant bit first.
                 let (first, shift) = ((j * bits) / 8, (j * bits) % 8);
-                let mut window = [0u8; 16];
-                let end = (first + 16).min(packed.len());
-                window[..end - first].copy_from_slice(&packed[first..end]);
-                let field = (u128::from_le_bytes(window) >> shift) as u64;
-                let delta = if bits == 64 { field } else { field & ((1u64 << bits) - 1) };
-                value = value.wrapping_add(min_delta).wrapping_add(delta as i64);
+                let field = if bits <= 56 {
+                    u64::from_le_bytes(padded[first..first + 8].try_into().expect("8 bytes")) >> shift
+                } else {
+                    (u128::from_le_bytes(padded[first..first + 16].try_into().expect("16 bytes")) >> shift) as u64
+                };
+                value = value.wrapping_add(min_delta).wrapping_add((field & mask) as i64);
                 push(value);
             }
             left -= per_miniblock.min(left);
