@@ -190,9 +190,9 @@ impl TableProvider for StorageTable {
             Some(table) => root.with_filter_selectivity(crate::cardinality::scan_selectivity(filters, &table, &info.schema)),
             None => root,
         });
-        let target = state.config().target_partitions().max(1);
+        let fragment = FragmentExec::try_new(root, spread_partitions(&self.parts, state.config().target_partitions().max(1)))?;
         // A table with sorted copies on one node: the copy its filters leave the fewest bytes of.
-        if let [(node, info)] = self.parts.as_slice()
+        if let [(_, info)] = self.parts.as_slice()
             && let Some(copies) = SortedCopies::of(info)
         {
             let names: Vec<String> = indices.iter().map(|&i| info.schema.field(i).name().clone()).collect();
@@ -202,14 +202,9 @@ impl TableProvider for StorageTable {
                 None => None,
             };
             let choice = copies.cheapest_for_filter(&names, predicate.as_ref(), &info.schema)?;
-            let partitions = split_segments(&choice.copy().segments, target)
-                .into_iter()
-                .map(|segments| FragmentPartition { node: Arc::clone(node), leaves: vec![(info.version, segments)] })
-                .collect();
-            return Ok(Arc::new(FragmentExec::try_new(root, partitions)?.with_copy(choice)?));
+            return Ok(Arc::new(fragment.with_copy(choice)?));
         }
-        let partitions = spread_partitions(&self.parts, target);
-        Ok(Arc::new(FragmentExec::try_new(root, partitions)?))
+        Ok(Arc::new(fragment))
     }
 }
 
