@@ -5,6 +5,7 @@ plan; slow storage buys compression, a slow decoder buys cheap decoding."""
 from __future__ import annotations
 
 import json
+import re
 
 import quarry_py as q
 
@@ -194,7 +195,9 @@ def test_sorted_copies_are_kept_chosen_per_query_and_appended_to(tmp_path):
     reads the copy it reads the fewest bytes of: q3.2 (suppliers of one nation) the supplier
     copy, whose row groups without a kept supplier the node skips, chosen once the dimensions
     are built; q1.1 (one year) the table's own, date-sorted segments. Every SSB query equals DuckDB's on the
-    table's own segments, before and after an append, which every copy gains."""
+    table's own segments, before and after appends, each a segment range of its own that every
+    copy gains in its own order; a scan reads each range from the copy it reads the fewest bytes
+    of there."""
     # Segments of several row groups of a sorted copy (16,384 rows each).
     warehouse, plan_file, plan = _planned_ssb(tmp_path, sample_rows=20000, segment_rows=100000)
     plan.update(versions=["lo_orderdate"])
@@ -238,9 +241,30 @@ def test_sorted_copies_are_kept_chosen_per_query_and_appended_to(tmp_path):
                   "--format", "csv", "--output", extra], warehouse)
     q.run_quarry(["load", "lineorder", extra, "--append"], warehouse)
     appended = q.read_manifest(warehouse, "lineorder")
-    new = appended["segments"][-1]["id"]
-    assert appended["versions"][0]["segments"][-1]["id"] == new and len(appended["versions"][0]["segments"]) == len(copy["segments"]) + 1
-    assert "reads the copy sorted by lo_suppkey" in _explain_analyze(warehouse, "q3.2")
+    own, copied = appended["segments"][-1], appended["versions"][0]["segments"][-1]
+    # The append is a segment range of its own: each copy holds its rows in its own order.
+    assert copied["id"] != own["id"] and copied["rows"] == own["rows"] == 300, (own, copied)
+    assert copied["range"] == own["range"] == appended["version"] and copied["zones"]["column"] == "lo_suppkey"
+    assert len(appended["versions"][0]["segments"]) == len(copy["segments"]) + 1
+    # q3.2 still reads the rows of the layout's commit from the supplier copy.
+    assert re.search(rf"rows of version {manifest['version']}: the copy sorted by lo_suppkey[^;]*;", _explain_analyze(warehouse, "q3.2"))
+    all_equal_duckdb()
+
+    # Rows in three row groups of the copy sorted by lo_suppkey: a scan filtered by one month
+    # and by the lowest suppliers reads the layout's rows from the date-sorted segments and the
+    # appended rows from the supplier copy, which alone prunes them.
+    more = tmp_path / "more.csv"
+    q.run_quarry(["sql", "select * from lineorder where lo_orderkey % 13 = 0 order by lo_orderkey, lo_linenumber limit 40000",
+                  "--format", "csv", "--output", more], warehouse)
+    q.run_quarry(["load", "lineorder", more, "--append"], warehouse)
+    last = q.read_manifest(warehouse, "lineorder")["version"]
+    sql = "select count(*), sum(lo_revenue) from lineorder where lo_orderdate between 19940101 and 19940131 and lo_suppkey < 70"
+    explained = q.run_quarry(["sql", "EXPLAIN " + sql, "--format", "csv"], warehouse).stdout
+    assert "reads per segment range" in explained, explained
+    assert re.search(rf"rows of version {manifest['version']}: the copy sorted by lo_orderdate[^;]*;", explained), explained
+    assert re.search(rf"rows of version {last}: the copy sorted by lo_suppkey", explained), explained
+    cmp = q.compare_with_duckdb(warehouse, sql)
+    assert cmp, cmp.message
     all_equal_duckdb()
 
 

@@ -295,7 +295,7 @@ mod tests {
     use super::*;
 
     fn segments(sizes: &[u64]) -> Vec<SegmentInfo> {
-        sizes.iter().enumerate().map(|(i, &bytes)| SegmentInfo { id: i.to_string(), rows: 1, bytes, columns: Vec::new(), zones: None }).collect()
+        sizes.iter().enumerate().map(|(i, &bytes)| SegmentInfo { id: i.to_string(), rows: 1, bytes, columns: Vec::new(), zones: None, range: 0 }).collect()
     }
 
     #[test]

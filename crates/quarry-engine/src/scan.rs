@@ -197,7 +197,7 @@ impl FragmentExec {
             return internal_err!("a fragment declared in order of a column keeps its copy");
         }
         let version = first.leaves[0].0;
-        let mut groups = split_segments(&choice.copy().segments, self.partitions.len());
+        let mut groups = split_segments(&choice.segments(), self.partitions.len());
         groups.resize_with(self.partitions.len(), Vec::new);
         Ok(groups.into_iter().map(|segments| FragmentPartition { node: Arc::clone(&first.node), leaves: vec![(version, segments)] }).collect())
     }

@@ -164,6 +164,9 @@ pub struct TableInfoWire {
     /// Per segment, its zones (absent from older nodes).
     #[serde(default)]
     segment_zones: Vec<Option<Zones>>,
+    /// Per segment, its segment range (absent from older nodes: one range).
+    #[serde(default)]
+    segment_ranges: Vec<u64>,
     #[serde(default)]
     sort_key: Vec<String>,
     /// Sorted copies: each its sort key, segments and their columns.
@@ -177,6 +180,8 @@ struct SortedCopyWire {
     segments: Vec<(String, u64, u64)>,
     segment_columns: Vec<Vec<SegmentColumnWire>>,
     segment_zones: Vec<Option<Zones>>,
+    #[serde(default)]
+    segment_ranges: Vec<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -214,6 +219,7 @@ impl TableInfoWire {
             segments: segment_list(&info.segments),
             segment_columns: segment_columns(&info.segments),
             segment_zones: info.segments.iter().map(|s| s.zones.clone()).collect(),
+            segment_ranges: info.segments.iter().map(|s| s.range).collect(),
             sort_key: info.sort_key.clone(),
             versions: info
                 .versions
@@ -223,6 +229,7 @@ impl TableInfoWire {
                     segments: segment_list(&v.segments),
                     segment_columns: segment_columns(&v.segments),
                     segment_zones: v.segments.iter().map(|s| s.zones.clone()).collect(),
+                    segment_ranges: v.segments.iter().map(|s| s.range).collect(),
                 })
                 .collect(),
             columns: info
@@ -267,18 +274,18 @@ impl TableInfoWire {
                 }
             })
             .collect();
-        let segments = segment_infos(&self.segments, &self.segment_columns, &self.segment_zones, &schema).map_err(bad)?;
-        let rows: u64 = segments.iter().map(|s| s.rows).sum();
+        let segments = segment_infos(&self.segments, &self.segment_columns, &self.segment_zones, &self.segment_ranges, &schema).map_err(bad)?;
         let mut versions = Vec::with_capacity(self.versions.len());
         for copy in &self.versions {
-            let segments = segment_infos(&copy.segments, &copy.segment_columns, &copy.segment_zones, &schema).map_err(bad)?;
+            let copy_segments = segment_infos(&copy.segments, &copy.segment_columns, &copy.segment_zones, &copy.segment_ranges, &schema).map_err(bad)?;
             if let Some(key) = copy.sort_key.iter().find(|k| schema.field_with_name(k).is_err()) {
                 return Err(bad(format!("a sorted copy's key '{key}' is not a column")));
             }
-            if segments.iter().map(|s| s.rows).sum::<u64>() != rows {
+            let by_range = |segments: &[SegmentInfo]| segments.iter().map(|s| (s.range, s.rows)).collect::<Vec<_>>();
+            if quarry_table::rows_differ_by_range(by_range(&copy_segments), by_range(&segments)).is_some() {
                 return Err(bad("a sorted copy holds other rows than the table".into()));
             }
-            versions.push(SortedCopy { sort_key: copy.sort_key.clone(), segments });
+            versions.push(SortedCopy { sort_key: copy.sort_key.clone(), segments: copy_segments });
         }
         if let Some(key) = self.sort_key.iter().find(|k| schema.field_with_name(k).is_err()) {
             return Err(bad(format!("sort key '{key}' is not a column")));
@@ -309,12 +316,15 @@ fn segment_columns(segments: &[SegmentInfo]) -> Vec<Vec<SegmentColumnWire>> {
 }
 
 /// Segments and their columns as sent, checked against the schema.
-fn segment_infos(list: &[(String, u64, u64)], columns: &[Vec<SegmentColumnWire>], zones: &[Option<Zones>], schema: &Schema) -> std::result::Result<Vec<SegmentInfo>, String> {
+fn segment_infos(list: &[(String, u64, u64)], columns: &[Vec<SegmentColumnWire>], zones: &[Option<Zones>], ranges: &[u64], schema: &Schema) -> std::result::Result<Vec<SegmentInfo>, String> {
     if !columns.is_empty() && columns.len() != list.len() {
         return Err(format!("column bounds for {} segments of {}", columns.len(), list.len()));
     }
     if !zones.is_empty() && zones.len() != list.len() {
         return Err(format!("zones for {} segments of {}", zones.len(), list.len()));
+    }
+    if !ranges.is_empty() && ranges.len() != list.len() {
+        return Err(format!("segment ranges for {} segments of {}", ranges.len(), list.len()));
     }
     if let Some(bounds) = columns.iter().find(|c| c.len() != schema.fields().len()) {
         return Err(format!("a segment's bounds of {} columns for {} columns", bounds.len(), schema.fields().len()));
@@ -335,7 +345,7 @@ fn segment_infos(list: &[(String, u64, u64)], columns: &[Vec<SegmentColumnWire>]
         {
             return Err(format!("segment '{id}' has zones that do not match its rows or columns"));
         }
-        segments.push(SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes, columns, zones });
+        segments.push(SegmentInfo { id: id.clone(), rows: *rows, bytes: *bytes, columns, zones, range: ranges.get(i).copied().unwrap_or(0) });
     }
     Ok(segments)
 }

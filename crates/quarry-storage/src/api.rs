@@ -43,12 +43,13 @@ pub struct TableInfo {
     /// Columns `segments` are sorted by (empty if none).
     pub sort_key: Vec<String>,
     /// Further copies of the rows, each sorted by its own key (`quarry layout apply`); a scan
-    /// reads `segments` or one of these, whichever reads fewer bytes.
+    /// reads each segment range (see [`SegmentInfo::range`]) from `segments` or one of these,
+    /// whichever reads fewer bytes of it.
     pub versions: Vec<SortedCopy>,
 }
 
-/// A sorted copy of a table's rows: the same rows as [`TableInfo::segments`] in segments of
-/// its own (appended ones shared).
+/// A sorted copy of a table's rows: the same rows as [`TableInfo::segments`] in each segment
+/// range, in segments of its own (in older manifests, appended ones shared).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SortedCopy {
     /// Columns the copy is sorted by.
@@ -83,6 +84,9 @@ pub struct SegmentInfo {
     pub columns: Vec<SegmentColumn>,
     /// Its row groups' bounds in the column its copy is sorted by (a sorted copy's segments).
     pub zones: Option<quarry_table::Zones>,
+    /// The segment range its rows belong to ([`quarry_table::SegmentMeta::range`]): each copy
+    /// of the table holds every range's rows, so a scan may read each range from another copy.
+    pub range: u64,
 }
 
 /// One column's bounds in one segment, in the manifest's canonical text form.

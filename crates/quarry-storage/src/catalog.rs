@@ -69,6 +69,7 @@ fn segment_infos(segments: &[SegmentMeta]) -> Vec<SegmentInfo> {
             rows: s.rows,
             bytes: s.bytes,
             zones: s.zones.clone(),
+            range: s.range,
             columns: s
                 .columns
                 .iter()
@@ -86,26 +87,35 @@ fn segment_infos(segments: &[SegmentMeta]) -> Vec<SegmentInfo> {
 }
 
 /// The requested segments of the snapshot, in request order; unknown ids are an error, and so
-/// are ids from two copies of the table (its own segments and a sorted version's), whose rows
-/// overlap. The copy is the one holding the first id.
+/// are ids of one segment range from two copies of the table (its own segments and a sorted
+/// version's), whose rows overlap. Each range may come from another copy (a segment that
+/// copies share belongs to each of them).
 pub fn select_segments<'a>(snapshot: &'a TableSnapshot, ids: &[String]) -> Result<Vec<&'a SegmentMeta>> {
     let manifest = &snapshot.manifest;
-    let copy = ids.first().and_then(|first| manifest.copies().find(|(_, segments)| segments.iter().any(|s| s.id == *first)));
-    let segments = copy.map_or(manifest.segments.as_slice(), |(_, segments)| segments);
-    let by_id: HashMap<&str, &SegmentMeta> = segments.iter().map(|s| (s.id.as_str(), s)).collect();
+    // Per segment id, the segment and the copies holding it.
+    let mut by_id: HashMap<&str, (&SegmentMeta, Vec<usize>)> = HashMap::new();
+    for (copy, segments) in manifest.copies().enumerate().map(|(c, (_, segments))| (c, segments)) {
+        for segment in segments {
+            by_id.entry(segment.id.as_str()).or_insert_with(|| (segment, Vec::new())).1.push(copy);
+        }
+    }
+    // Per range, its first id and the copies that hold every id of it so far.
+    let mut ranges: HashMap<u64, (&str, Vec<usize>)> = HashMap::new();
     let mut seen = HashSet::new();
     ids.iter()
         .map(|id| {
             if !seen.insert(id.as_str()) {
                 return plan_err!("segment '{id}' requested twice");
             }
-            by_id.get(id.as_str()).copied().ok_or_else(|| {
-                if manifest.all_segments().any(|s| s.id == *id) {
-                    plan_datafusion_err!("table '{}' version {}: segment '{id}' belongs to another sorted copy than segment '{}'", manifest.table, manifest.version, ids[0])
-                } else {
-                    plan_datafusion_err!("table '{}' version {} has no segment '{id}'", manifest.table, manifest.version)
-                }
-            })
+            let Some((segment, holders)) = by_id.get(id.as_str()) else {
+                return plan_err!("table '{}' version {} has no segment '{id}'", manifest.table, manifest.version);
+            };
+            let (first, copies) = ranges.entry(segment.range).or_insert_with(|| (id.as_str(), holders.clone()));
+            copies.retain(|c| holders.contains(c));
+            if copies.is_empty() {
+                return plan_err!("table '{}' version {}: segment '{id}' belongs to another sorted copy than segment '{first}'", manifest.table, manifest.version);
+            }
+            Ok(*segment)
         })
         .collect()
 }

@@ -190,6 +190,7 @@ mod tests {
             columns: vec![],
             checksums: Some(BlockChecksums::of_bytes(data)),
             zones: None,
+            range: 0,
         }
     }
 

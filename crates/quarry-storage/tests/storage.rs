@@ -383,3 +383,37 @@ async fn writes_behind_the_storage_node_commit_abort_and_expire() {
     let info = node.table_info("t").await.unwrap();
     assert_eq!((info.version, info.total_rows()), (version + 1, 200));
 }
+
+/// A leaf may read each segment range of a table with a sorted copy from another copy, never
+/// one range from two (their rows would be read twice).
+#[test]
+fn a_leaf_reads_each_segment_range_from_one_copy() {
+    use quarry_storage::catalog::select_segments;
+    use quarry_table::ingest::{write_batches, write_segments_of};
+    use quarry_table::{SegmentOptions, SortedVersion, Warehouse, WriteMode};
+
+    let dir = tempfile::tempdir().unwrap();
+    let warehouse = Warehouse::open(dir.path()).unwrap();
+    let schema = lineitem_schema();
+    let rows = |from: i64| RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int64Array::from_iter_values(from..from + 100)), Arc::new(Int64Array::from_iter_values((from..from + 100).rev()))]).unwrap();
+    let writer = warehouse.begin_write("t", &schema, WriteMode::Replace, SegmentOptions::default(), vec!["l_key".into()]).unwrap();
+    let own = write_batches(&writer, std::iter::once(Ok(rows(0))), &|_| {}).unwrap();
+    let copy = write_segments_of(&writer, std::iter::once(Ok(rows(0))), 1000, Some("l_qty"), &|_| {}).unwrap();
+    writer.commit_with_versions(own, vec![SortedVersion { sort_key: vec!["l_qty".into()], segments: copy }], vec![]).unwrap();
+    let writer = warehouse.begin_write("t", &schema, WriteMode::Append, SegmentOptions::default(), vec![]).unwrap();
+    let appended = write_batches(&writer, std::iter::once(Ok(rows(100))), &|_| {}).unwrap();
+    let manifest = writer.commit(appended, vec![]).unwrap();
+    let snapshot = warehouse.table("t").unwrap();
+    let (own, copy) = (&manifest.segments, &manifest.versions[0].segments);
+    assert_eq!((own.len(), copy.len()), (2, 2));
+    assert_ne!(own[0].range, own[1].range);
+
+    let ids = |segments: &[&quarry_table::SegmentMeta]| segments.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+    // The first range from the copy, the appended one from the table's own segments.
+    let mixed = select_segments(&snapshot, &ids(&[&copy[0], &own[1]])).unwrap();
+    assert_eq!(mixed.iter().map(|s| s.rows).sum::<u64>(), 200);
+    // The first range from both copies.
+    let err = select_segments(&snapshot, &ids(&[&own[0], &own[1], &copy[0]])).unwrap_err().to_string();
+    assert!(err.contains("belongs to another sorted copy than segment"), "{err}");
+    assert!(select_segments(&snapshot, &["nope".to_string()]).unwrap_err().to_string().contains("has no segment 'nope'"));
+}

@@ -21,7 +21,7 @@ pub mod warehouse;
 
 pub use checksum::{BlockChecksums, DamagedBlock};
 pub use error::{Result, TableError};
-pub use manifest::{ColumnStats, Manifest, SegmentMeta, SortedVersion, TableSchema, Zones};
+pub use manifest::{ColumnStats, Manifest, SegmentMeta, SortedVersion, TableSchema, Zones, rows_differ_by_range};
 pub use scrub::{Damage, ScrubReport};
 pub use segment::{ColumnLayoutSpec, PageEncoding, SegmentOptions, SegmentWriter};
 pub use sketch::DistinctSketch;

@@ -49,17 +49,20 @@ pub struct Manifest {
     /// The segments, in table order.
     pub segments: Vec<SegmentMeta>,
     /// Further copies of the same rows, each sorted by a key of its own (HippogriffDB's
-    /// query-adaptive versions, `quarry layout apply`): a query reads whichever of `segments`
-    /// and these reads the fewest bytes. Appends add their segments to every one.
+    /// query-adaptive versions, `quarry layout apply`): a query reads, for each segment range
+    /// (see [`SegmentMeta::range`]), whichever of `segments` and these reads the fewest bytes of
+    /// it. An append adds a range to every one: its rows sorted by that copy's key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<SortedVersion>,
 }
 
-/// A copy of a table's rows sorted by its own key; it holds exactly the rows of the table's
-/// `segments`, in other segments (an append's segments are shared by every copy).
+/// A copy of a table's rows sorted by its own key; it holds exactly the rows of each segment
+/// range of the table's `segments`, in segments of that range (of its own, or in manifests
+/// written before appends sorted their rows into each copy, the table's).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SortedVersion {
-    /// Columns the copy's rows are ordered by (appended segments excepted).
+    /// Columns the copy's rows are ordered by: within each segment range, and within each
+    /// segment of an appended range.
     pub sort_key: Vec<String>,
     /// Its segments.
     pub segments: Vec<SegmentMeta>,
@@ -105,6 +108,12 @@ pub struct SegmentMeta {
     /// Zone maps: each row group's bounds in the column a sorted copy is sorted by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zones: Option<Zones>,
+    /// The segment range its rows belong to: the table version whose commit added them (0 in
+    /// manifests written before ranges were recorded, and in segments not yet committed).
+    /// Every copy of the table holds each range's rows in segments of that range, so a scan
+    /// may read each range from another copy.
+    #[serde(default)]
+    pub range: u64,
 }
 
 /// A segment's row groups and their bounds in one column (SoftFlash's zone maps), in the
@@ -291,14 +300,29 @@ impl Manifest {
                 if let Some(key) = version.sort_key.iter().find(|k| !names.contains(k.as_str())) {
                     return Err(corrupt(format!("sorted version {} has sort key column '{key}', which is not a column", v + 1)));
                 }
-                let rows: u64 = segments.iter().map(|s| s.rows).sum();
-                if rows != self.total_rows() {
-                    return Err(corrupt(format!("sorted version {} holds {rows} rows, the table {}", v + 1, self.total_rows())));
+                if let Some((range, rows, table)) = rows_differ_by_range(segments.iter().map(|s| (s.range, s.rows)), self.segments.iter().map(|s| (s.range, s.rows))) {
+                    return Err(corrupt(format!("sorted version {} holds {rows} rows of segment range {range}, the table {table}", v + 1)));
                 }
             }
         }
         Ok(())
     }
+}
+
+/// The first segment range (by number) in which a copy's `(range, rows)` segments hold another
+/// number of rows than the table's: `(range, the copy's rows, the table's)`; `None` if every
+/// range holds as many.
+pub fn rows_differ_by_range(copy: impl IntoIterator<Item = (u64, u64)>, table: impl IntoIterator<Item = (u64, u64)>) -> Option<(u64, u64, u64)> {
+    let by_range = |segments: &mut dyn Iterator<Item = (u64, u64)>| {
+        let mut rows = BTreeMap::new();
+        for (range, n) in segments {
+            *rows.entry(range).or_insert(0u64) += n;
+        }
+        rows
+    };
+    let (copy, table) = (by_range(&mut copy.into_iter()), by_range(&mut table.into_iter()));
+    let ranges: std::collections::BTreeSet<u64> = copy.keys().chain(table.keys()).copied().collect();
+    ranges.into_iter().map(|r| (r, copy.get(&r).copied().unwrap_or(0), table.get(&r).copied().unwrap_or(0))).find(|(_, a, b)| a != b)
 }
 
 /// Relative path of a segment's file inside its table directory.

@@ -306,6 +306,8 @@ impl SegmentWriter {
             row_groups: metadata.num_row_groups() as u32,
             columns,
             checksums: Some(checksums),
+            // Its commit numbers it.
+            range: 0,
         };
         self.path = PathBuf::new(); // finished: keep the file
         Ok(meta)

@@ -22,10 +22,13 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use arrow::compute::{SortColumn, SortOptions, concat_batches, lexsort_to_indices, take_record_batch};
 use arrow::datatypes::SchemaRef;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::checksum::BlockChecksums;
 use crate::error::{Result, TableError};
@@ -272,6 +275,40 @@ impl TableWriter {
         SegmentWriter::create(&self.dir, id, self.schema.clone(), &options)
     }
 
+    /// The rows of `segments` (this write's) again as segments of a copy sorted by `key`
+    /// ([`Self::new_sorted_segment`], zones in its first column), segment by segment: one
+    /// segment's rows are in memory at a time (a load writes at most [`crate::segment::ROW_GROUP_ROWS`]), and
+    /// each new segment's row groups are sorted among themselves, not with other segments'.
+    fn sorted_segments(&self, segments: &[SegmentMeta], key: &[String]) -> Result<Vec<SegmentMeta>> {
+        let Some(zone_column) = key.first() else {
+            return Err(TableError::SchemaMismatch { table: self.table.clone(), reason: "a sorted version without a sort key".into() });
+        };
+        let mut sorted = Vec::with_capacity(segments.len());
+        for segment in segments {
+            let path = self.dir.join(&segment.path);
+            let failed = |reason: String| TableError::WriteSegment { path: path.clone(), reason };
+            let file = File::open(&path).map_err(TableError::io("opening", &path))?;
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file).and_then(|b| b.with_batch_size(64 * 1024).build()).map_err(|e| failed(e.to_string()))?;
+            let schema = arrow::array::RecordBatchReader::schema(&reader);
+            let batches = reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| failed(e.to_string()))?;
+            let rows = concat_batches(&schema, &batches).map_err(|e| failed(e.to_string()))?;
+            drop(batches);
+            let columns = key
+                .iter()
+                .map(|k| {
+                    let values = rows.column_by_name(k).ok_or_else(|| failed(format!("sort key '{k}' is not a column")))?;
+                    Ok(SortColumn { values: Arc::clone(values), options: Some(SortOptions { descending: false, nulls_first: false }) })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let order = lexsort_to_indices(&columns, None).map_err(|e| failed(e.to_string()))?;
+            let rows = take_record_batch(&rows, &order).map_err(|e| failed(e.to_string()))?;
+            let mut writer = self.new_sorted_segment(zone_column)?;
+            writer.write(&rows)?;
+            sorted.push(writer.finish()?);
+        }
+        Ok(sorted)
+    }
+
     /// Records block checksums for the existing segments that have none (written before
     /// checksums existed), from their bytes as they are now; they are part of the next commit.
     /// Returns how many segments gained checksums.
@@ -295,14 +332,16 @@ impl TableWriter {
         Ok(recorded)
     }
 
-    /// Commits `segments` (in table order) as the table's next version. An append adds them
-    /// to every sorted version too.
+    /// Commits `segments` (in table order) as the table's next version. An append adds their
+    /// rows to every sorted version too, in that version's order.
     pub fn commit(self, segments: Vec<SegmentMeta>, properties: Vec<(String, String)>) -> Result<Manifest> {
         self.commit_with_versions(segments, Vec::new(), properties)
     }
 
     /// Commits `segments` and further sorted copies of the same rows (`quarry layout apply`);
-    /// after an append, `versions` must be empty: the table's versions gain `segments`.
+    /// after an append, `versions` must be empty: each of the table's versions gains the rows of
+    /// `segments` sorted by its key ([`Self::sorted_segments`]). The rows committed are one
+    /// segment range, numbered by the new version ([`SegmentMeta::range`]).
     pub fn commit_with_versions(mut self, segments: Vec<SegmentMeta>, versions: Vec<SortedVersion>, properties: Vec<(String, String)>) -> Result<Manifest> {
         let (version, mut all_segments, mut all_versions, mut props) = match &self.base {
             Some(base) => (base.version + 1, base.segments.clone(), base.versions.clone(), base.properties.clone()),
@@ -311,10 +350,14 @@ impl TableWriter {
         if !all_versions.is_empty() && !versions.is_empty() {
             return Err(TableError::SchemaMismatch { table: self.table.clone(), reason: "sorted versions replace a table's rows; they cannot be appended".into() });
         }
+        // The rows a commit adds are a segment range of their own, numbered by its version.
+        let numbered = |segments: Vec<SegmentMeta>| -> Vec<SegmentMeta> { segments.into_iter().map(|s| SegmentMeta { range: version, ..s }).collect() };
+        let segments = numbered(segments);
         for copy in &mut all_versions {
-            copy.segments.extend(segments.iter().cloned());
+            let sorted = self.sorted_segments(&segments, &copy.sort_key)?;
+            copy.segments.extend(numbered(sorted));
         }
-        all_versions.extend(versions);
+        all_versions.extend(versions.into_iter().map(|v| SortedVersion { segments: numbered(v.segments), ..v }));
         all_segments.extend(segments);
         props.extend(properties);
         let manifest = Manifest {

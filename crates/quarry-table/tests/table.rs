@@ -107,13 +107,26 @@ fn sorted_copies_commit_with_zones_gain_appends_and_keep_their_files() {
     let data = dir.path().join("t").join("data");
     assert_eq!(files_in(&data).len(), 2);
 
-    // An append adds its segment to every copy; their files survive the commits after it.
-    let appended = load(&warehouse, "t", WriteMode::Append, rows..rows + 10);
-    let new = &appended.segments.last().unwrap().id;
-    assert_eq!(appended.versions[0].segments.last().map(|s| &s.id), Some(new));
+    // An append is a segment range of its own: the table's segments gain its rows as given,
+    // every copy gains them sorted by its key (here `day`, the rows given in descending order).
+    assert!(manifest.segments.iter().chain(&version.segments).all(|s| s.range == manifest.version));
+    let descending: Vec<u32> = (0..10).rev().collect();
+    let reversed = arrow::compute::take_record_batch(&batch(rows..rows + 10), &arrow::array::UInt32Array::from(descending)).unwrap();
+    let writer = warehouse.begin_write("t", &schema(), WriteMode::Append, SegmentOptions::default(), vec![]).unwrap();
+    let segments = write_batches(&writer, std::iter::once(Ok(reversed)), &|_| {}).unwrap();
+    let appended = writer.commit(segments, vec![]).unwrap();
+    let (own, copied) = (appended.segments.last().unwrap(), appended.versions[0].segments.last().unwrap());
+    assert_ne!(own.id, copied.id, "the copy's rows of the append are a segment of its own");
+    assert_eq!((own.range, copied.range, own.rows, copied.rows), (appended.version, appended.version, 10, 10));
+    let day = |s: &quarry_table::SegmentMeta| (s.columns[2].ascending, s.columns[2].min.clone(), s.columns[2].max.clone());
+    assert!(!day(own).0 && day(copied).0, "the copy's appended rows ascend in day, the table's do not");
+    assert_eq!((day(own).1, day(own).2), (day(copied).1, day(copied).2));
+    let zones = copied.zones.as_ref().expect("the copy's appended segment has zones");
+    assert_eq!((zones.column.as_str(), zones.rows.as_slice()), ("day", &[10u64][..]));
     assert_eq!(appended.versions[0].segments.iter().map(|s| s.rows).sum::<u64>(), appended.total_rows());
+    // Their files survive the commits after it.
     load(&warehouse, "t", WriteMode::Append, rows + 10..rows + 20);
-    assert_eq!(files_in(&data).len(), 4, "both copies' files and the two appended ones");
+    assert_eq!(files_in(&data).len(), 6, "both copies' files and each copy's of the two appends");
     // Sorted copies cannot be appended as such, and a replace drops them.
     let writer = warehouse.begin_write("t", &schema(), WriteMode::Append, SegmentOptions::default(), vec![]).unwrap();
     let more = write_segments_of(&writer, std::iter::once(Ok(batch(0..5))), 5, Some("day"), &|_| {}).unwrap();
@@ -121,10 +134,14 @@ fn sorted_copies_commit_with_zones_gain_appends_and_keep_their_files() {
     let replaced = load(&warehouse, "t", WriteMode::Replace, 0..10);
     assert!(replaced.versions.is_empty());
 
-    // A copy of other rows is a corrupt manifest.
+    // A copy of other rows is a corrupt manifest, and so is one whose rows are of other ranges.
     let mut bad = appended.clone();
     bad.versions[0].segments.pop();
     assert!(matches!(bad.validate(std::path::Path::new("m.json")), Err(TableError::CorruptManifest { .. })));
+    let mut bad = appended.clone();
+    bad.versions[0].segments.last_mut().unwrap().range = manifest.version;
+    assert!(matches!(bad.validate(std::path::Path::new("m.json")), Err(TableError::CorruptManifest { .. })));
+    appended.validate(std::path::Path::new("m.json")).unwrap();
 }
 
 #[test]
