@@ -275,11 +275,12 @@ impl TableWriter {
         SegmentWriter::create(&self.dir, id, self.schema.clone(), &options)
     }
 
-    /// The rows of `segments` (this write's) again as segments of a copy sorted by `key`
-    /// ([`Self::new_sorted_segment`], zones in its first column), segment by segment: one
-    /// segment's rows are in memory at a time (a load writes at most [`crate::segment::ROW_GROUP_ROWS`]), and
-    /// each new segment's row groups are sorted among themselves, not with other segments'.
-    fn sorted_segments(&self, segments: &[SegmentMeta], key: &[String]) -> Result<Vec<SegmentMeta>> {
+    /// The rows of `segments` (this write's) again, sorted by `key`, segment by segment: one
+    /// segment's rows are in memory at a time (a load writes at most
+    /// [`crate::segment::ROW_GROUP_ROWS`]), and each new segment's rows are sorted among
+    /// themselves, not with other segments'. With `zones`, as segments of a sorted copy
+    /// ([`Self::new_sorted_segment`], zones in the key's first column).
+    fn sorted_segments(&self, segments: &[SegmentMeta], key: &[String], zones: bool) -> Result<Vec<SegmentMeta>> {
         let Some(zone_column) = key.first() else {
             return Err(TableError::SchemaMismatch { table: self.table.clone(), reason: "a sorted version without a sort key".into() });
         };
@@ -302,7 +303,7 @@ impl TableWriter {
                 .collect::<Result<Vec<_>>>()?;
             let order = lexsort_to_indices(&columns, None).map_err(|e| failed(e.to_string()))?;
             let rows = take_record_batch(&rows, &order).map_err(|e| failed(e.to_string()))?;
-            let mut writer = self.new_sorted_segment(zone_column)?;
+            let mut writer = if zones { self.new_sorted_segment(zone_column)? } else { self.new_segment()? };
             writer.write(&rows)?;
             sorted.push(writer.finish()?);
         }
@@ -340,8 +341,9 @@ impl TableWriter {
 
     /// Commits `segments` and further sorted copies of the same rows (`quarry layout apply`);
     /// after an append, `versions` must be empty: each of the table's versions gains the rows of
-    /// `segments` sorted by its key ([`Self::sorted_segments`]). The rows committed are one
-    /// segment range, numbered by the new version ([`SegmentMeta::range`]).
+    /// `segments` sorted by its key ([`Self::sorted_segments`]), and so do the table's own
+    /// segments, by the table's key, if it has versions. The rows committed are one segment
+    /// range, numbered by the new version ([`SegmentMeta::range`]).
     pub fn commit_with_versions(mut self, segments: Vec<SegmentMeta>, versions: Vec<SortedVersion>, properties: Vec<(String, String)>) -> Result<Manifest> {
         let (version, mut all_segments, mut all_versions, mut props) = match &self.base {
             Some(base) => (base.version + 1, base.segments.clone(), base.versions.clone(), base.properties.clone()),
@@ -352,9 +354,16 @@ impl TableWriter {
         }
         // The rows a commit adds are a segment range of their own, numbered by its version.
         let numbered = |segments: Vec<SegmentMeta>| -> Vec<SegmentMeta> { segments.into_iter().map(|s| SegmentMeta { range: version, ..s }).collect() };
+        // An append to a table with sorted copies keeps each copy in its order, the table's own
+        // segments (sorted by the table's key) too.
+        let own_key = self.base.as_ref().map(|b| b.sort_key.clone()).filter(|key| !key.is_empty() && !all_versions.is_empty());
+        let (segments, sort_key) = match own_key {
+            Some(key) => (self.sorted_segments(&segments, &key, false)?, key),
+            None => (segments, self.sort_key.clone()),
+        };
         let segments = numbered(segments);
         for copy in &mut all_versions {
-            let sorted = self.sorted_segments(&segments, &copy.sort_key)?;
+            let sorted = self.sorted_segments(&segments, &copy.sort_key, true)?;
             copy.segments.extend(numbered(sorted));
         }
         all_versions.extend(versions.into_iter().map(|v| SortedVersion { segments: numbered(v.segments), ..v }));
@@ -366,7 +375,7 @@ impl TableWriter {
             version,
             committed_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
             schema: TableSchema::from_arrow(&self.schema),
-            sort_key: self.sort_key.clone(),
+            sort_key,
             bloom_filter_columns: self.options.bloom_filter_columns.clone(),
             page_encoding: self.options.page_encoding,
             column_layouts: self.options.column_layouts.clone(),

@@ -107,8 +107,9 @@ fn sorted_copies_commit_with_zones_gain_appends_and_keep_their_files() {
     let data = dir.path().join("t").join("data");
     assert_eq!(files_in(&data).len(), 2);
 
-    // An append is a segment range of its own: the table's segments gain its rows as given,
-    // every copy gains them sorted by its key (here `day`, the rows given in descending order).
+    // An append is a segment range of its own: the table's segments gain its rows sorted by
+    // the table's key, every copy gains them sorted by its own (the rows given in descending
+    // order).
     assert!(manifest.segments.iter().chain(&version.segments).all(|s| s.range == manifest.version));
     let descending: Vec<u32> = (0..10).rev().collect();
     let reversed = arrow::compute::take_record_batch(&batch(rows..rows + 10), &arrow::array::UInt32Array::from(descending)).unwrap();
@@ -118,9 +119,12 @@ fn sorted_copies_commit_with_zones_gain_appends_and_keep_their_files() {
     let (own, copied) = (appended.segments.last().unwrap(), appended.versions[0].segments.last().unwrap());
     assert_ne!(own.id, copied.id, "the copy's rows of the append are a segment of its own");
     assert_eq!((own.range, copied.range, own.rows, copied.rows), (appended.version, appended.version, 10, 10));
-    let day = |s: &quarry_table::SegmentMeta| (s.columns[2].ascending, s.columns[2].min.clone(), s.columns[2].max.clone());
-    assert!(!day(own).0 && day(copied).0, "the copy's appended rows ascend in day, the table's do not");
-    assert_eq!((day(own).1, day(own).2), (day(copied).1, day(copied).2));
+    // The table's own appended rows ascend in its key, `id`, the copy's in `day`; only the
+    // copy's segment has zone maps.
+    assert_eq!(appended.sort_key, ["id"], "an append keeps the table's key");
+    assert!(own.columns[0].ascending && own.zones.is_none(), "{own:?}");
+    assert!(copied.columns[2].ascending, "{copied:?}");
+    assert_eq!((&own.columns[2].min, &own.columns[2].max), (&copied.columns[2].min, &copied.columns[2].max));
     let zones = copied.zones.as_ref().expect("the copy's appended segment has zones");
     assert_eq!((zones.column.as_str(), zones.rows.as_slice()), ("day", &[10u64][..]));
     assert_eq!(appended.versions[0].segments.iter().map(|s| s.rows).sum::<u64>(), appended.total_rows());
