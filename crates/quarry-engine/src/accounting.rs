@@ -50,8 +50,8 @@ pub struct OperatorStats {
     /// For a fragment: the component the model says bounds it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bound: Option<String>,
-    /// For a fragment: its measured time, milliseconds: the longest any partition's consumer
-    /// waited for its batches (time it spent elsewhere is not the fragment's).
+    /// For a fragment: its measured time, milliseconds: the time during which some partition's
+    /// consumer waited for its batches, after admission (`crate::fragment_timing`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub measured_ms: Option<f64>,
 }

@@ -11,6 +11,7 @@ pub mod cardinality;
 pub mod conjunct_order;
 pub mod decimal_arith;
 pub mod few_group_sums;
+pub mod fragment_timing;
 pub mod filter_estimate;
 pub mod join_order;
 pub mod key_set_filter;

@@ -10,10 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -31,10 +28,10 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::Boundedness;
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::page_select::Comparison;
 use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, encode_fragment};
@@ -42,6 +39,7 @@ use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMess
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot, ProbeKeySet};
 use crate::placement::Placement;
 use crate::provider::split_segments;
+use crate::fragment_timing::FragmentTiming;
 use crate::sorted_copies::CopyChoice;
 use crate::stored_scan::stored_scan;
 
@@ -114,8 +112,8 @@ pub struct FragmentExec {
     prediction: Option<(f64, &'static str)>,
     /// The stated rules the prediction fell back on (unknown estimates or rates).
     assumed: Vec<String>,
-    /// The longest time a partition's consumer spent waiting for it (None before any ended).
-    waited: Arc<Mutex<Option<Duration>>>,
+    /// When its partitions' consumers waited for it: its measured time.
+    timing: Arc<FragmentTiming>,
     /// The output column each partition's rows are declared ascending in (see
     /// [`FragmentExec::with_ascending_output`]).
     ascending: Option<String>,
@@ -157,7 +155,7 @@ impl FragmentExec {
             node_stats: Arc::new(Mutex::new(BTreeMap::new())),
             prediction: None,
             assumed: Vec::new(),
-            waited: Arc::new(Mutex::new(None)),
+            timing: Arc::new(FragmentTiming::default()),
             ascending: None,
             progress: partitions.iter().map(|_| FragmentProgress::default()).collect(),
             partitions,
@@ -337,11 +335,12 @@ impl FragmentExec {
         self.prediction
     }
 
-    /// The fragment's measured time, seconds (None before it ran): the longest any
-    /// partition's consumer waited for its batches, from asking for each until it came. Time
-    /// the consumer spent elsewhere (a join building its other side) is not the fragment's.
+    /// The fragment's measured time, seconds (None before it ran): the time during which some
+    /// partition's consumer waited for it, after the partition's admission (see
+    /// [`crate::fragment_timing`]). Time every consumer spent elsewhere (a join building its
+    /// other side) is not the fragment's.
     pub fn measured_seconds(&self) -> Option<f64> {
-        self.waited.lock().expect("waited lock").map(|d| d.as_secs_f64())
+        self.timing.measured().map(|d| d.as_secs_f64())
     }
 
     /// The node-side plan.
@@ -620,13 +619,7 @@ impl ExecutionPlan for FragmentExec {
         })
         .try_flatten()
         .boxed();
-        let response = TimedPolls {
-            inner: response,
-            time: MetricBuilder::new(&self.metrics).subset_time(metric::HOST_RECEIVE_NS, partition),
-            asked: None,
-            waited: Duration::ZERO,
-            fragment_waited: Arc::clone(&self.waited),
-        };
+        let response = self.timing.timed(partition, response, MetricBuilder::new(&self.metrics).subset_time(metric::HOST_RECEIVE_NS, partition));
         let batches = futures::stream::unfold(Some((response, checker)), |state| async move {
             let (mut response, mut checker) = state?;
             loop {
@@ -686,41 +679,6 @@ impl ExecutionPlan for FragmentExec {
 
     fn supports_limit_pushdown(&self) -> bool {
         false
-    }
-}
-
-/// A partition's response stream, timed: the time spent in its polls goes to `time` (the
-/// host's own work on the fragment's output; a poll that waits for the node returns at once),
-/// and the time from asking for each item until it came to `waited`, which at the end raises
-/// the fragment's longest wait.
-struct TimedPolls<S> {
-    inner: S,
-    time: Time,
-    /// When the consumer asked for the item not yet delivered.
-    asked: Option<Instant>,
-    waited: Duration,
-    fragment_waited: Arc<Mutex<Option<Duration>>>,
-}
-
-impl<S: Stream + Unpin> Stream for TimedPolls<S> {
-    type Item = S::Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        let asked = *this.asked.get_or_insert_with(Instant::now);
-        let polled = {
-            let _timer = this.time.timer();
-            this.inner.poll_next_unpin(cx)
-        };
-        if let Poll::Ready(item) = &polled {
-            this.waited += asked.elapsed();
-            this.asked = None;
-            if item.is_none() {
-                let mut longest = this.fragment_waited.lock().expect("waited lock");
-                *longest = Some(longest.map_or(this.waited, |d| d.max(this.waited)));
-            }
-        }
-        polled
     }
 }
 
