@@ -275,16 +275,14 @@ impl TableWriter {
         SegmentWriter::create(&self.dir, id, self.schema.clone(), &options)
     }
 
-    /// The rows of `segments` (this write's) again, sorted by `key`, segment by segment: one
-    /// segment's rows are in memory at a time (a load writes at most
-    /// [`crate::segment::ROW_GROUP_ROWS`]), and each new segment's rows are sorted among
-    /// themselves, not with other segments'. With `zones`, as segments of a sorted copy
-    /// ([`Self::new_sorted_segment`], zones in the key's first column).
-    fn sorted_segments(&self, segments: &[SegmentMeta], key: &[String], zones: bool) -> Result<Vec<SegmentMeta>> {
-        let Some(zone_column) = key.first() else {
-            return Err(TableError::SchemaMismatch { table: self.table.clone(), reason: "a sorted version without a sort key".into() });
-        };
-        let mut sorted = Vec::with_capacity(segments.len());
+    /// The rows of `segments` (this write's) again, once for each of `orders` (a key, and
+    /// whether to write the segments of a sorted copy: [`Self::new_sorted_segment`], zones in
+    /// the key's first column), sorted by that key: per order, the new segments. Each segment
+    /// is read once and its rows are in memory alone (a load writes at most
+    /// [`crate::segment::ROW_GROUP_ROWS`]); its rows are sorted among themselves, not with
+    /// other segments'.
+    fn sorted_segments(&self, segments: &[SegmentMeta], orders: &[(&[String], bool)]) -> Result<Vec<Vec<SegmentMeta>>> {
+        let mut sorted: Vec<Vec<SegmentMeta>> = orders.iter().map(|_| Vec::with_capacity(segments.len())).collect();
         for segment in segments {
             let path = self.dir.join(&segment.path);
             let failed = |reason: String| TableError::WriteSegment { path: path.clone(), reason };
@@ -294,18 +292,23 @@ impl TableWriter {
             let batches = reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| failed(e.to_string()))?;
             let rows = concat_batches(&schema, &batches).map_err(|e| failed(e.to_string()))?;
             drop(batches);
-            let columns = key
-                .iter()
-                .map(|k| {
-                    let values = rows.column_by_name(k).ok_or_else(|| failed(format!("sort key '{k}' is not a column")))?;
-                    Ok(SortColumn { values: Arc::clone(values), options: Some(SortOptions { descending: false, nulls_first: false }) })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let order = lexsort_to_indices(&columns, None).map_err(|e| failed(e.to_string()))?;
-            let rows = take_record_batch(&rows, &order).map_err(|e| failed(e.to_string()))?;
-            let mut writer = if zones { self.new_sorted_segment(zone_column)? } else { self.new_segment()? };
-            writer.write(&rows)?;
-            sorted.push(writer.finish()?);
+            for (&(key, zones), out) in orders.iter().zip(&mut sorted) {
+                let Some(zone_column) = key.first() else {
+                    return Err(TableError::SchemaMismatch { table: self.table.clone(), reason: "a sorted version without a sort key".into() });
+                };
+                let columns = key
+                    .iter()
+                    .map(|k| {
+                        let values = rows.column_by_name(k).ok_or_else(|| failed(format!("sort key '{k}' is not a column")))?;
+                        Ok(SortColumn { values: Arc::clone(values), options: Some(SortOptions { descending: false, nulls_first: false }) })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let order = lexsort_to_indices(&columns, None).map_err(|e| failed(e.to_string()))?;
+                let in_order = take_record_batch(&rows, &order).map_err(|e| failed(e.to_string()))?;
+                let mut writer = if zones { self.new_sorted_segment(zone_column)? } else { self.new_segment()? };
+                writer.write(&in_order)?;
+                out.push(writer.finish()?);
+            }
         }
         Ok(sorted)
     }
@@ -341,7 +344,7 @@ impl TableWriter {
 
     /// Commits `segments` and further sorted copies of the same rows (`quarry layout apply`);
     /// after an append, `versions` must be empty: each of the table's versions gains the rows of
-    /// `segments` sorted by its key ([`Self::sorted_segments`]), and so do the table's own
+    /// `segments` sorted by its key ([`Self::sorted_segments`], each segment read once), and so do the table's own
     /// segments, by the table's key, if it has versions. The rows committed are one segment
     /// range, numbered by the new version ([`SegmentMeta::range`]).
     pub fn commit_with_versions(mut self, segments: Vec<SegmentMeta>, versions: Vec<SortedVersion>, properties: Vec<(String, String)>) -> Result<Manifest> {
@@ -357,14 +360,15 @@ impl TableWriter {
         // An append to a table with sorted copies keeps each copy in its order, the table's own
         // segments (sorted by the table's key) too.
         let own_key = self.base.as_ref().map(|b| b.sort_key.clone()).filter(|key| !key.is_empty() && !all_versions.is_empty());
+        let orders: Vec<(&[String], bool)> = own_key.iter().map(|key| (key.as_slice(), false)).chain(all_versions.iter().map(|v| (v.sort_key.as_slice(), true))).collect();
+        let mut sorted = if orders.is_empty() { Vec::new() } else { self.sorted_segments(&segments, &orders)? }.into_iter();
         let (segments, sort_key) = match own_key {
-            Some(key) => (self.sorted_segments(&segments, &key, false)?, key),
+            Some(key) => (sorted.next().expect("the table's own order"), key),
             None => (segments, self.sort_key.clone()),
         };
         let segments = numbered(segments);
-        for copy in &mut all_versions {
-            let sorted = self.sorted_segments(&segments, &copy.sort_key, true)?;
-            copy.segments.extend(numbered(sorted));
+        for (copy, segments) in all_versions.iter_mut().zip(sorted) {
+            copy.segments.extend(numbered(segments));
         }
         all_versions.extend(versions.into_iter().map(|v| SortedVersion { segments: numbered(v.segments), ..v }));
         all_segments.extend(segments);
