@@ -100,9 +100,14 @@ def report(args, argv, rates) -> int:
             failed |= bool(failures)
             text += ["", f"## {profile}: {check['good']} of {len(check['fragments'])} fragments ({check['share_good']:.0%}) "
                          f"predicted within {args.within:.0%}; failures: {failures or 'none'}",
-                     f"{'query':<6} {'table':<28} {'bound':<13} {'predicted ms':>12} {'measured ms':>12} {'error':>7}"]
+                     "# node columns: the fragment's device CPU, pauses for the profile's slower CPU, waits for a device",
+                     "# thread and for the link, summed over its workers and partitions (ms)",
+                     f"{'query':<6} {'table':<28} {'bound':<13} {'predicted ms':>12} {'measured ms':>12} {'error':>7}"
+                     f" {'cpu':>8} {'pause':>8} {'thread':>8} {'link':>8}"]
             for f in check["fragments"]:
-                text.append(f"{f['run']:<6} {f['table'][:28]:<28} {f['bound']:<13} {f['predicted_ms']:>12.1f} {f['measured_ms']:>12.1f} {f['error']:>7.0%}")
+                counters = f.get("node_counters") or {}
+                node = "".join(f" {counters.get(name, 0) / 1e6:>8.1f}" for name in ("device_cpu_ns", "device_pause_ns", "thread_wait_ns", "link_wait_ns"))
+                text.append(f"{f['run']:<6} {f['table'][:28]:<28} {f['bound']:<13} {f['predicted_ms']:>12.1f} {f['measured_ms']:>12.1f} {f['error']:>7.0%}{node}")
     (out / f"{args.suite}.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     (out / f"{args.suite}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
     print("\n".join(text))

@@ -387,6 +387,29 @@ def test_embedded_key_set_runs_on_the_node_only_when_it_drops_most_rows(tpch_war
     assert scan["rows_out"] == scan["rows_in"] and scan["bytes_over_link"] == scan["bytes_read_storage"], scan
 
 
+def test_a_slow_device_leaves_a_join_filter_to_the_host(tpch_warehouse, tmp_path):
+    """The same key set (about 30% of orders) on a device 50 times slower than this CPU with one
+    thread: the placement model, asked as the fragment starts, prices the node's filter above
+    reading the stored bytes, so the node ships the stored bytes of `lineitem` (and computes
+    nothing) and the host filters, where on this machine's own CPU the node filters. Results
+    equal DuckDB's either way."""
+    profile = tmp_path / "slow.json"
+    profile.write_text(json.dumps({"name": "slow", "device_threads": 1, "compute_slowdown": 50}))
+    native = _embedded_scan(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path)
+    assert native["bytes_over_link"] != native["bytes_read_storage"] and native["node_counters"]["device_cpu_ns"] > 0, native
+    slow = _embedded_scan(tpch_warehouse, LARGE_KEY_SET_SQL, tmp_path, "--profile", profile)
+    assert slow["bytes_over_link"] == slow["bytes_read_storage"] and slow["node_counters"]["device_cpu_ns"] == 0, slow
+    # Two filters forced onto the device at once take turns on its one thread: each fragment's
+    # counters show its pauses for the slower CPU, and one of them waited for the thread.
+    sql = ("select count(*) as n from (select l_orderkey as k from lineitem where l_quantity < 10 "
+           "union all select o_orderkey as k from orders where o_totalprice > 1000)")
+    stats = tmp_path / "union-stats.json"
+    q.run_quarry(["--profile", profile, "--pushdown", "on", "sql", sql, "--format", "none", "--stats", stats], tpch_warehouse)
+    fragments = [op["node_counters"] for op in json.loads(stats.read_text())["operators"] if op["operator"] == "FragmentExec"]
+    assert len(fragments) == 2 and all(c["device_pause_ns"] > 10 * c["device_cpu_ns"] > 0 for c in fragments), fragments
+    assert sum(c["thread_wait_ns"] for c in fragments) > 0, fragments
+
+
 def test_filters_above_a_scan_go_with_its_key_set(tpch_warehouse, tmp_path):
     """Embedded, the filters above a passthrough `lineitem` scan that compare a column with a
     constant go to the node with the join's key set, so it passes on only the lines that pass

@@ -52,6 +52,8 @@ struct FragmentCheck {
     measured_ms: f64,
     /// predicted / measured - 1.
     error: f64,
+    /// The nodes' counters for it (`node_counters` in the stats: device CPU, pauses, waits).
+    counters: serde_json::Value,
 }
 
 #[derive(Debug, clap::Args)]
@@ -102,7 +104,8 @@ fn check(args: CheckArgs) -> CliResult {
             let (Some(predicted_ms), Some(measured_ms)) = (number("predicted_ms"), number("measured_ms")) else { continue };
             let text = |key: &str| op.get(key).and_then(|v| v.as_str()).unwrap_or("").to_string();
             let error = if measured_ms > 0.0 { predicted_ms / measured_ms - 1.0 } else { f64::INFINITY };
-            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error });
+            let counters = op.get("node_counters").cloned().unwrap_or(serde_json::Value::Null);
+            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error, counters });
         }
     }
     let good = fragments.iter().filter(|f| f.error.abs() <= args.within).count();
@@ -112,7 +115,7 @@ fn check(args: CheckArgs) -> CliResult {
             .iter()
             .map(|f| {
                 serde_json::json!({ "run": f.run, "table": f.table, "bound": f.bound, "predicted_ms": f.predicted_ms,
-                                    "measured_ms": f.measured_ms, "error": f.error })
+                                    "measured_ms": f.measured_ms, "error": f.error, "node_counters": f.counters })
             })
             .collect();
         let doc = serde_json::json!({ "within": args.within, "fragments": listed, "good": good, "share_good": share });

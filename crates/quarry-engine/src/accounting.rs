@@ -54,6 +54,10 @@ pub struct OperatorStats {
     /// consumer waited for its batches, after admission (`crate::fragment_timing`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub measured_ms: Option<f64>,
+    /// For a fragment: each of the nodes' counters ([`scan_counter::ALL`]) summed over its
+    /// partitions (device CPU, pauses, link and thread waits, queueing: what its time went to).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_counters: BTreeMap<&'static str, u64>,
 }
 
 /// The device's side of a query: what storage nodes spent running its fragments.
@@ -181,6 +185,7 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 predicted_ms: fragment.prediction().map(|(s, _)| s * 1e3),
                 bound: fragment.prediction().map(|(_, b)| b.to_string()),
                 measured_ms: fragment.measured_seconds().map(|s| s * 1e3),
+                node_counters: scan_counter::ALL.iter().map(|(name, _)| (*name, sum(name))).collect(),
             });
             for (node, node_stats) in fragment.node_stats_by_node() {
                 let work = stats.nodes.entry(node).or_default();
@@ -204,6 +209,7 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                     predicted_ms: None,
                     bound: None,
                     measured_ms: None,
+                    node_counters: BTreeMap::new(),
                 });
             }
         }
@@ -222,6 +228,7 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 predicted_ms: None,
                 bound: None,
                 measured_ms: None,
+                node_counters: BTreeMap::new(),
             });
         }
     }

@@ -125,6 +125,22 @@ pub struct FragmentExec {
     /// A copy chosen again when the fragment's star probe had its dimensions, with its
     /// partitions: they replace `copy` and `partitions` (set before any partition runs).
     run_time_copy: Arc<OnceLock<(CopyChoice, Vec<FragmentPartition>)>>,
+    /// For a bare fragment under `--pushdown auto`: the placement model, which decides when
+    /// its join filters arrive whether the node filters (see [`JoinFilterPricing`]).
+    join_filter_pricing: Option<Arc<dyn JoinFilterPricing>>,
+    /// The prediction for the fragment as it ran, where its join filters made it a filter on
+    /// its node: it replaces `prediction` once set.
+    run_time_prediction: Arc<OnceLock<(f64, &'static str)>>,
+}
+
+/// The placement model's price of a fragment, for a decision made when it runs: a bare
+/// fragment's join filters (an `IN` list or a key set, known only once the join's build side is
+/// complete) turn it into a filter its node runs, which pays where the node decodes the
+/// filtered column faster than the host decodes all of it, and not on a slow device (TPC-H Q10's
+/// `customer` under kim-isp-2015: 3.7 s filtered on the node, 0.27 s predicted as passthrough).
+pub trait JoinFilterPricing: fmt::Debug + Send + Sync {
+    /// The predicted seconds of `root` over `partitions` and the component bounding them.
+    fn predict(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> (f64, &'static str);
 }
 
 impl FragmentExec {
@@ -161,6 +177,8 @@ impl FragmentExec {
             partitions,
             copy: None,
             run_time_copy: Arc::new(OnceLock::new()),
+            join_filter_pricing: None,
+            run_time_prediction: Arc::new(OnceLock::new()),
         })
     }
 
@@ -278,6 +296,7 @@ impl FragmentExec {
         fragment.copy = self.copy.clone();
         fragment.run_time_copy = Arc::clone(&self.run_time_copy);
         if fragment.is_passthrough() {
+            fragment.join_filter_pricing = self.join_filter_pricing.clone();
             fragment.pruning_filters = self.pruning_filters.clone();
         }
         Ok(fragment)
@@ -330,9 +349,20 @@ impl FragmentExec {
         fragment
     }
 
-    /// The placement model's predicted seconds and bounding component.
+    /// The same fragment deciding, when it runs, by `pricing` whether its join filters go to
+    /// its node (only a bare fragment takes it).
+    pub fn with_join_filter_pricing(&self, pricing: Arc<dyn JoinFilterPricing>) -> Self {
+        let mut fragment = self.with_root(Arc::clone(&self.root), None).expect("the same root and partitions");
+        if fragment.is_passthrough() {
+            fragment.join_filter_pricing = Some(pricing);
+        }
+        fragment
+    }
+
+    /// The placement model's predicted seconds and bounding component: for the fragment as it
+    /// ran, once its join filters made it a filter on its node.
     pub fn prediction(&self) -> Option<(f64, &'static str)> {
-        self.prediction
+        self.run_time_prediction.get().copied().or(self.prediction)
     }
 
     /// The fragment's measured time, seconds (None before it ran): the time during which some
@@ -460,6 +490,56 @@ fn with_join_filters(root: Arc<dyn ExecutionPlan>, join_filters: &[Arc<dyn Physi
     Ok(Arc::new(FilterExec::try_new(predicate, root)?))
 }
 
+/// A bare fragment's choice, when its partition starts, between filtering on its node by its
+/// join filters and reading the stored bytes as planned (see [`JoinFilterPricing`]).
+struct JoinFilterDecision {
+    pricing: Arc<dyn JoinFilterPricing>,
+    /// The planned passthrough's predicted seconds.
+    passthrough_s: f64,
+    root: Arc<dyn ExecutionPlan>,
+    partitions: Vec<FragmentPartition>,
+    /// Where the prediction of the node's filter goes when it is chosen.
+    ran: Arc<OnceLock<(f64, &'static str)>>,
+}
+
+impl JoinFilterDecision {
+    /// Whether the node runs the filter the join filters make: the model's price of the
+    /// fragment with that filter, passing the share of rows the keys are expected to (each
+    /// list's or set's keys over its column's estimated distinct values), beats passthrough.
+    fn node_filters(&self, join_filters: &[Arc<dyn PhysicalExpr>], key_sets: &[ProbeKeySet], pruning_filters: &[Arc<dyn PhysicalExpr>]) -> Result<bool> {
+        let filtered = with_join_filters(Arc::clone(&self.root), join_filters, key_sets, pruning_filters)?;
+        let Some(filter) = filtered.downcast_ref::<FilterExec>() else { return Ok(true) };
+        let statistics = crate::placement::plan_statistics(&self.root);
+        let distinct = |column: &str| {
+            let index = self.root.schema().index_of(column).ok()?;
+            statistics.as_ref()?.column_statistics.get(index)?.distinct_count.get_value().copied()
+        };
+        let mut share = 1.0f64;
+        for conjunct in split_conjunction(filter.predicate()) {
+            let keys = if let Some(list) = conjunct.downcast_ref::<InListExpr>() {
+                list.expr().downcast_ref::<Column>().map(|c| (list.list().len(), distinct(c.name())))
+            } else if let Some(set) = conjunct.downcast_ref::<KeySetExpr>() {
+                set.column().map(|c| (set.set().keys().len(), distinct(c.name())))
+            } else {
+                None
+            };
+            if let Some((keys, Some(distinct))) = keys {
+                share *= (keys as f64 / distinct.max(1) as f64).min(1.0);
+            }
+        }
+        // DataFusion takes a filter it cannot analyze (a key set, a long list) to pass its
+        // default selectivity, in whole percent.
+        let percent = (share * 100.0).ceil().clamp(1.0, 100.0) as u8;
+        let priced: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(Arc::clone(filter.predicate()), Arc::clone(&self.root))?.with_default_selectivity(percent)?);
+        let (seconds, bound) = self.pricing.predict(&priced, &self.partitions);
+        if seconds >= self.passthrough_s {
+            return Ok(false);
+        }
+        let _ = self.ran.set((seconds, bound));
+        Ok(true)
+    }
+}
+
 /// The leaves of a fragment plan, in plan order.
 pub fn leaves(root: &Arc<dyn ExecutionPlan>) -> Vec<ScanLeafExec> {
     let mut out = Vec::new();
@@ -554,9 +634,15 @@ impl ExecutionPlan for FragmentExec {
         };
         let bound = self.bind_partition(part)?;
         let (progress, planned_bytes) = self.progress().swap_remove(partition);
-        let join_filters = self.join_filters.clone();
+        let mut join_filters = self.join_filters.clone();
         let pruning_filters = self.pruning_filters.clone();
         let key_sets = self.key_sets.clone();
+        let pricing = match (&self.join_filter_pricing, self.prediction) {
+            (Some(pricing), Some((passthrough_s, _))) => {
+                Some(JoinFilterDecision { pricing: Arc::clone(pricing), passthrough_s, root: Arc::clone(&self.root), partitions: self.partitions().to_vec(), ran: Arc::clone(&self.run_time_prediction) })
+            }
+            _ => None,
+        };
         let counter = |name: &'static str| MetricBuilder::new(&self.metrics).counter(name, partition);
         let counters = FragmentCounters {
             output_rows: MetricBuilder::new(&self.metrics).output_rows(partition),
@@ -597,7 +683,14 @@ impl ExecutionPlan for FragmentExec {
             // the compressed pages the host would fetch into decoded rows (TPC-H Q13's 1.5M
             // customer keys, every order's: 545 MB of Arrow instead of 216 MB of pages, 3.7x).
             let bare = bound.is::<ScanLeafExec>();
-            let (key_sets, host_key_sets): (Vec<_>, Vec<_>) = key_sets.into_iter().partition(|set| set.selective() || (!node.in_process() && !bare));
+            let (mut key_sets, mut host_key_sets): (Vec<_>, Vec<_>) = key_sets.into_iter().partition(|set| set.selective() || (!node.in_process() && !bare));
+            if let Some(decision) = pricing.filter(|_| bare)
+                && !decision.node_filters(&join_filters, &key_sets, &pruning_filters)?
+            {
+                // Kept on the host: the join filters there, the key sets in the host's filter.
+                join_filters.clear();
+                host_key_sets.append(&mut key_sets);
+            }
             let fragment = with_join_filters(bound, &join_filters, &key_sets, &pruning_filters)?;
             let host_filter = HostKeyFilter::new(&host_key_sets, &stored_schema, host_dropped, &pool)?;
             let stream = match stored {

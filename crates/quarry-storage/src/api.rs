@@ -378,6 +378,9 @@ scan_counters! {
     device_pause_ns: DEVICE_PAUSE_NS = "device_pause_ns";
     /// Time batches waited for the device profile's link bandwidth, nanoseconds.
     link_wait_ns: LINK_WAIT_NS = "link_wait_ns";
+    /// Time the node's workers waited for a device thread, held by the fragment's other
+    /// workers or by other fragments, nanoseconds (summed over workers).
+    thread_wait_ns: THREAD_WAIT_NS = "thread_wait_ns";
     /// Bytes spilled to the node's local files (Grace hash join partitions).
     spilled_bytes: SPILLED_BYTES = "spilled_bytes";
     /// Time the fragment waited for admission (a session slot and room for its memory

@@ -1030,17 +1030,22 @@ struct Pacing {
     slowdown: f64,
 }
 
+/// The longest a worker pauses on a device thread while others wait for one: about a
+/// scheduler's time slice (Linux EEVDF's base slice is 3 ms).
+const DEVICE_TIME_SLICE: Duration = Duration::from_millis(3);
+
 #[derive(Default)]
 struct WorkerTimes {
     cpu_ns: AtomicU64,
     pause_ns: AtomicU64,
+    thread_wait_ns: AtomicU64,
 }
 
 /// Drives one output partition, sending its batches to the fragment's stream. Under a device
 /// profile each poll that computes holds one of the device's threads (a poll waiting for a read
 /// gives it back: the device's flash channels read while its cores compute) and, after it, the
-/// worker pauses, still holding the thread, for the time the slower device CPU would have
-/// needed beyond ours.
+/// worker pauses, holding a thread, for the time the slower device CPU would have needed beyond
+/// ours, in slices of [`DEVICE_TIME_SLICE`] between which the workers take turns.
 async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>, admission: Arc<MemoryAdmission>) {
     // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in sleeps of at
     // least MIN_SLEEP, since a timer rounds each sleep up to its resolution (1 ms): paying
@@ -1048,17 +1053,29 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
     let mut owed_ns: i64 = 0;
     loop {
         let threads = pacing.as_ref().map(|p| Arc::clone(&p.threads));
-        let (item, cpu_ns, permit) = DevicePoll { inner: stream.next(), threads, acquiring: None, cpu_ns: 0 }.await;
+        let polled = DevicePoll { inner: stream.next(), threads, acquiring: None, cpu_ns: 0, thread_wait: Duration::ZERO }.await;
+        let (item, cpu_ns, permit) = (polled.output, polled.cpu_ns, polled.permit);
         times.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+        times.thread_wait_ns.fetch_add(polled.thread_wait.as_nanos() as u64, Ordering::Relaxed);
+        let mut permit = permit;
         if let Some(p) = &pacing {
             owed_ns += (cpu_ns as f64 * (p.slowdown - 1.0)) as i64;
             // The last step pays all that is owed, so the fragment's time includes it.
-            if owed_ns >= MIN_SLEEP.as_nanos() as i64 || (item.is_none() && owed_ns > 0) {
+            while owed_ns >= MIN_SLEEP.as_nanos() as i64 || (item.is_none() && owed_ns > 0) {
                 let started = Instant::now();
-                tokio::time::sleep(Duration::from_nanos(owed_ns as u64)).await;
+                tokio::time::sleep(Duration::from_nanos(owed_ns.min(DEVICE_TIME_SLICE.as_nanos() as i64) as u64)).await;
                 let slept = started.elapsed().as_nanos() as i64;
                 owed_ns -= slept;
                 times.pause_ns.fetch_add(slept as u64, Ordering::Relaxed);
+                if owed_ns >= MIN_SLEEP.as_nanos() as i64 {
+                    // The slice is over: the thread goes to the next worker waiting for one (the
+                    // semaphore queues them in order), as a scheduler ends a time slice, so a
+                    // small fragment does not wait for a long pause of another's.
+                    drop(permit.take());
+                    let asked = Instant::now();
+                    permit = Arc::clone(&p.threads).acquire_owned().await.ok();
+                    times.thread_wait_ns.fetch_add(asked.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
             }
         }
         drop::<Option<OwnedSemaphorePermit>>(permit);
@@ -1071,30 +1088,42 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
     }
 }
 
-type Acquiring = Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, tokio::sync::AcquireError>> + Send>>;
+type Acquiring = (Instant, Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, tokio::sync::AcquireError>> + Send>>);
 
 /// Polls `inner` holding a permit of `threads` (when given) and measures the CPU time of its
-/// polls on the threads that ran them. A poll that returns pending gives the permit back; the
+/// polls on the threads that ran them, and the time it waited for a thread (held by this or
+/// another fragment's workers). A poll that returns pending gives the permit back; the
 /// permit of the poll that completes is returned with the output, for the pause after it.
 struct DevicePoll<F> {
     inner: F,
     threads: Option<Arc<Semaphore>>,
     acquiring: Option<Acquiring>,
     cpu_ns: u64,
+    thread_wait: Duration,
+}
+
+/// What a [`DevicePoll`] gives: the output, the CPU time it took, the time it waited for a
+/// device thread, and the thread it holds.
+struct DevicePolled<T> {
+    output: T,
+    cpu_ns: u64,
+    thread_wait: Duration,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl<F: Future + Unpin> Future for DevicePoll<F> {
-    type Output = (F::Output, u64, Option<OwnedSemaphorePermit>);
+    type Output = DevicePolled<F::Output>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         let permit = match &this.threads {
             Some(threads) => {
-                let acquiring = this.acquiring.get_or_insert_with(|| Box::pin(Arc::clone(threads).acquire_owned()));
+                let (asked, acquiring) = this.acquiring.get_or_insert_with(|| (Instant::now(), Box::pin(Arc::clone(threads).acquire_owned())));
                 match acquiring.as_mut().poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     // The semaphore is never closed; were it, the worker would run unpaced.
                     Poll::Ready(permit) => {
+                        this.thread_wait += asked.elapsed();
                         this.acquiring = None;
                         permit.ok()
                     }
@@ -1106,7 +1135,7 @@ impl<F: Future + Unpin> Future for DevicePoll<F> {
         let polled = Pin::new(&mut this.inner).poll(cx);
         this.cpu_ns += thread_cpu_ns().saturating_sub(before);
         // Pending: `permit` drops here, and the device thread is free while the read runs.
-        polled.map(|output| (output, this.cpu_ns, permit))
+        polled.map(|output| DevicePolled { output, cpu_ns: this.cpu_ns, thread_wait: this.thread_wait, permit })
     }
 }
 
@@ -1188,6 +1217,7 @@ impl FragmentRun {
         stats.elapsed_ns = self.started.elapsed().as_nanos() as u64;
         stats.device_cpu_ns = self.cpu.cpu_ns.load(Ordering::Relaxed);
         stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);
+        stats.thread_wait_ns = self.cpu.thread_wait_ns.load(Ordering::Relaxed);
         stats.spilled_bytes = plan_metric_sum(self.plan.as_ref(), &|m| m.spilled_bytes());
         operator_stats(self.plan.as_ref(), &mut stats.operators);
         self.counters.add_fragment(&stats);
