@@ -1054,10 +1054,9 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
     loop {
         let threads = pacing.as_ref().map(|p| Arc::clone(&p.threads));
         let polled = DevicePoll { inner: stream.next(), threads, acquiring: None, cpu_ns: 0, thread_wait: Duration::ZERO }.await;
-        let (item, cpu_ns, permit) = (polled.output, polled.cpu_ns, polled.permit);
+        let (item, cpu_ns, mut permit) = (polled.output, polled.cpu_ns, polled.permit);
         times.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
         times.thread_wait_ns.fetch_add(polled.thread_wait.as_nanos() as u64, Ordering::Relaxed);
-        let mut permit = permit;
         if let Some(p) = &pacing {
             owed_ns += (cpu_ns as f64 * (p.slowdown - 1.0)) as i64;
             // The last step pays all that is owed, so the fragment's time includes it.
