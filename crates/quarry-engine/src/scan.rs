@@ -637,8 +637,10 @@ impl ExecutionPlan for FragmentExec {
         let mut join_filters = self.join_filters.clone();
         let pruning_filters = self.pruning_filters.clone();
         let key_sets = self.key_sets.clone();
+        // Only a fragment that takes join filters has a choice to make.
+        let filtered = !join_filters.is_empty() || !key_sets.is_empty();
         let pricing = match (&self.join_filter_pricing, self.prediction) {
-            (Some(pricing), Some((passthrough_s, _))) => {
+            (Some(pricing), Some((passthrough_s, _))) if filtered => {
                 Some(JoinFilterDecision { pricing: Arc::clone(pricing), passthrough_s, root: Arc::clone(&self.root), partitions: self.partitions().to_vec(), ran: Arc::clone(&self.run_time_prediction) })
             }
             _ => None,
