@@ -7,6 +7,9 @@ cache).
 
     python3 scripts/model_check_report.py --suite tpch --warehouse /work/data/tpch10 --out docs/benchmarks/model-check
 
+With --repeat N each query runs in N processes and a fragment's measured time is the median of
+the N (each run's is kept in `measured_runs_ms`); the report states the run-to-run spread.
+
 Writes OUT/SUITE.json (command, commit, binary, the rates used, every fragment) and OUT/SUITE.txt
 (per profile: the share of fragments within 25%, and each fragment's numbers). A query that fails
 is listed as a failure, never skipped silently.
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profiles", default=",".join(PROFILES))
     parser.add_argument("--within", type=float, default=0.25)
     parser.add_argument("--calibrate", action="store_true", help="measure the rates first (restored afterwards)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each query, each in a process of its own; a fragment's measured time is the median")
     args = parser.parse_args(argv)
     calibration = Path(args.warehouse) / ".calibration.json"
     before = calibration.read_bytes() if calibration.exists() else None
@@ -78,7 +84,6 @@ def report(args, argv, rates) -> int:
         for profile in args.profiles.split(","):
             stats_files, failures = [], []
             for path in files:
-                stats = Path(scratch) / f"{profile}-{path.stem}.json"
                 # The query twice in one process, the second run measured (`--stats` is the last
                 # statement's): it reads the page cache, as the model's rates assume, not the disk
                 # (q1.1, the first query, took 3x the others cold), in a process whose code has
@@ -87,31 +92,86 @@ def report(args, argv, rates) -> int:
                 lines = path.read_text(encoding="utf-8").splitlines()
                 query = "\n".join(line for line in lines if not line.lstrip().startswith("--")).strip().rstrip(";")
                 sql = ["--profile", profile, "sql", f"{query};\n{query};", "--format", "none"]
-                run = q.run_quarry([*sql, "--stats", stats], args.warehouse, check=False)
-                if run.returncode != 0:
-                    failures.append(f"{path.stem}: {q.error_line(run.stderr, run.returncode)}")
+                runs, error = [], None
+                for r in range(args.repeat):
+                    stats = Path(scratch) / f"{profile}-{path.stem}.{r}.json"
+                    run = q.run_quarry([*sql, "--stats", stats], args.warehouse, check=False)
+                    if run.returncode != 0:
+                        error = q.error_line(run.stderr, run.returncode)
+                        break
+                    runs.append(json.loads(stats.read_text(encoding="utf-8")))
+                if error is None:
+                    merged, error = median_of_runs(runs)
+                if error is not None:
+                    failures.append(f"{path.stem}: {error}")
                 else:
+                    stats = Path(scratch) / f"{profile}-{path.stem}.json"
+                    stats.write_text(json.dumps(merged), encoding="utf-8")
                     stats_files.append(stats)
-                print(f"{profile} {path.stem}: {'ok' if run.returncode == 0 else 'FAILED'}", flush=True)
+                print(f"{profile} {path.stem}: {'ok' if error is None else 'FAILED'}", flush=True)
             check = json.loads(q.run_quarry(["model", "check", *stats_files, "--within", str(args.within), "--json"]).stdout)
-            for f in check["fragments"]:
+            # Each run's measured times, in the order `quarry model check` lists the fragments.
+            measured_runs = [op.get("measured_runs_ms") for stats in stats_files
+                             for op in json.loads(stats.read_text(encoding="utf-8"))["operators"]
+                             if op.get("predicted_ms") is not None and op.get("measured_ms") is not None]
+            assert len(measured_runs) == len(check["fragments"]), (len(measured_runs), len(check["fragments"]))
+            for f, runs in zip(check["fragments"], measured_runs):
                 f["run"] = Path(f["run"]).stem.removeprefix(f"{profile}-")
+                f["measured_runs_ms"] = runs
+            spreads = sorted((max(f["measured_runs_ms"]) - min(f["measured_runs_ms"])) / f["measured_ms"]
+                             for f in check["fragments"] if f["measured_ms"] > 0)
             record["profiles"][profile] = {"failures": failures, **check}
             failed |= bool(failures)
             text += ["", f"## {profile}: {check['good']} of {len(check['fragments'])} fragments ({check['share_good']:.0%}) "
                          f"predicted within {args.within:.0%}; failures: {failures or 'none'}",
+                     f"# measured: the median of {args.repeat} run(s), each in a process of its own; run-to-run spread "
+                     f"(max - min over the median), median over fragments {statistics.median(spreads) if spreads else 0:.0%}, "
+                     f"90th percentile {spreads[int(0.9 * (len(spreads) - 1))] if spreads else 0:.0%}",
                      "# node columns: the fragment's device CPU, pauses for the profile's slower CPU, waits for a device",
-                     "# thread and for the link, summed over its workers and partitions (ms)",
+                     "# thread and for the link, summed over its workers and partitions (ms); from-to: when it ran,",
+                     "# from the query's first fragment's start; shared: how much of that time other fragments ran too",
                      f"{'query':<6} {'table':<28} {'bound':<13} {'predicted ms':>12} {'measured ms':>12} {'error':>7}"
-                     f" {'cpu':>8} {'pause':>8} {'thread':>8} {'link':>8}"]
+                     f" {'cpu':>8} {'pause':>8} {'thread':>8} {'link':>8} {'from':>8} {'to':>8} {'shared':>8}"]
             for f in check["fragments"]:
                 counters = f.get("node_counters") or {}
                 node = "".join(f" {counters.get(name, 0) / 1e6:>8.1f}" for name in ("device_cpu_ns", "device_pause_ns", "thread_wait_ns", "link_wait_ns"))
-                text.append(f"{f['run']:<6} {f['table'][:28]:<28} {f['bound']:<13} {f['predicted_ms']:>12.1f} {f['measured_ms']:>12.1f} {f['error']:>7.0%}{node}")
+                span = f.get("span_ms") or [0.0, 0.0]
+                others = [g["span_ms"] for g in check["fragments"] if g["run"] == f["run"] and g is not f and g.get("span_ms")]
+                timing = f" {span[0]:>8.1f} {span[1]:>8.1f} {shared_ms(span, others):>8.1f}"
+                text.append(f"{f['run']:<6} {f['table'][:28]:<28} {f['bound']:<13} {f['predicted_ms']:>12.1f} {f['measured_ms']:>12.1f} {f['error']:>7.0%}{node}{timing}")
     (out / f"{args.suite}.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     (out / f"{args.suite}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
     print("\n".join(text))
     return 1 if failed else 0
+
+
+def median_of_runs(runs):
+    """The first run's stats with each fragment's measured time the median of all runs' (and
+    every run's in `measured_runs_ms`); an error if the runs' plans differ."""
+    merged = json.loads(json.dumps(runs[0]))
+    for i, op in enumerate(merged["operators"]):
+        if op.get("measured_ms") is None:
+            continue
+        same = [run["operators"][i] for run in runs if i < len(run["operators"])]
+        if len(same) != len(runs) or any((o.get("operator"), o.get("table")) != (op.get("operator"), op.get("table")) for o in same):
+            return None, f"the runs' plans differ at operator {i}"
+        measured = sorted(o["measured_ms"] for o in same if o.get("measured_ms") is not None)
+        if len(measured) != len(runs):
+            return None, f"a run measured no time for operator {i}"
+        op["measured_runs_ms"] = [o["measured_ms"] for o in same]
+        op["measured_ms"] = statistics.median(measured)
+    return merged, None
+
+
+def shared_ms(span, others) -> float:
+    """How much of `span` (from, to) some span of `others` covers, ms."""
+    cuts = sorted((max(a, span[0]), min(b, span[1])) for a, b in others if b > span[0] and a < span[1])
+    total, end = 0.0, span[0]
+    for a, b in cuts:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def evict_from_page_cache(warehouse: Path) -> int:

@@ -196,6 +196,8 @@ DEFAULT_RATES = {
     "plain_selected_row_ns": 2.7,
     "star_probe_ns_per_row": 10.0,
     "star_scan_ns_per_row": 1.0,
+    "value_ns": 2.0,
+    "string_ns_per_byte": 0.5,
 }
 NOT_MEASURED = re.compile(r"rates of ([^;\]]*) not measured: defaults")
 
@@ -227,6 +229,9 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
     assert sum(figures[rate] > 0 for rate in DEFAULT_RATES if rate.startswith("plain_")) >= 2, figures
     assert re.search(r"^plain .* ns/byte copied, .* ns/page$", out, re.MULTILINE), out
     assert re.search(r"^star probe\s+[\d.]+ ns/row on the host, [\d.]+ on a node$", out, re.MULTILINE), out
+    # Strings cost their bytes on top of a value's cost: the rate is measured, not its floor.
+    assert figures["string_ns_per_byte"] > 0.01 and figures["value_ns"] > 0.1, figures
+    assert re.search(r"^values\s+[\d.]+ ns/value, strings [\d.]+ ns/byte more$", out, re.MULTILINE), out
     assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
     # A host with nodes elsewhere has rates of its own: the node's are not its.
     with q.StorageNodes([warehouse]) as node:

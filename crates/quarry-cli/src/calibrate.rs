@@ -42,6 +42,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     let text = serde_json::to_string_pretty(&calibration).expect("calibration serializes");
     std::fs::write(&path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
     println!("decode     {:>8.3} ns/byte", calibration.decode_ns_per_byte);
+    println!("values     {:>8.3} ns/value, strings {:.3} ns/byte more", calibration.value_ns, calibration.string_ns_per_byte);
     println!("filter     {:>8.3} ns/row", calibration.filter_ns_per_row);
     println!("aggregate  {:>8.3} ns/row", calibration.aggregate_ns_per_row);
     println!("join       {:>8.3} ns/row", calibration.join_ns_per_row);
@@ -66,7 +67,8 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
     let table = quarry_gen::synthetic::synthetic_table("calibration", COLUMNS, rows, 7);
     let tiny = quarry_gen::synthetic::synthetic_table("calibration_tiny", COLUMNS, 1000, 7);
     let plain = quarry_gen::synthetic::synthetic_table(PLAIN_TABLE, COLUMNS, rows, 8);
-    generate_tables(&warehouse, &[table, tiny], &[], PageEncoding::default(), threads)?;
+    let text = quarry_gen::synthetic::text_table(TEXT_TABLE, rows, 9);
+    generate_tables(&warehouse, &[table, tiny, text], &[], PageEncoding::default(), threads)?;
     generate_tables(&warehouse, &[plain], &[], PageEncoding::Plain, threads)?;
     generate_tables(&warehouse, &quarry_gen::ssb::ssb_tables(star_scale_factor(rows), 1), &[], PageEncoding::default(), threads)?;
     // Measured on files the node reads into the page cache itself, as it reads a served
@@ -99,8 +101,11 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         let aggregate = (best(&on_one_thread, "SELECT col1 % 1000, SUM(col2) FROM calibration GROUP BY 1").await? / n - decode * 8.0).max(0.1);
         let join = (best(&off, "SELECT COUNT(*) FROM calibration a JOIN calibration b ON a.col1 = b.col1").await? / (2.0 * n) - decode * 4.0).max(0.1);
         let fragment = fragment_wait(&off, "SELECT * FROM calibration_tiny").await?;
+        let (value_ns, string_ns_per_byte) = column_rates(&warehouse, &off, n, fragment).await?;
         let mut calibration = Calibration {
             decode_ns_per_byte: decode,
+            value_ns,
+            string_ns_per_byte,
             filter_ns_per_row: filter,
             aggregate_ns_per_row: aggregate,
             join_ns_per_row: join,
@@ -125,6 +130,24 @@ fn evict_files(dir: &Path) -> CliResult<()> {
         }
     }
     Ok(())
+}
+
+/// The table of a dictionary-encoded `Int32` and a long string the column rates are measured on.
+const TEXT_TABLE: &str = "calibration_text";
+
+/// Decoding a whole column, as passthrough does it on the host: per value of a
+/// dictionary-encoded `Int32` (the fragment's wait, less its fixed cost, per row), and per
+/// decompressed byte of a long string's values beyond that (bytes as the manifest counts them,
+/// as the placement model reads them).
+async fn column_rates(warehouse: &Warehouse, session: &QuarrySession, rows: f64, fragment_ns: f64) -> CliResult<(f64, f64)> {
+    let value_ns = ((fragment_wait(session, &format!("SELECT code FROM {TEXT_TABLE}")).await? - fragment_ns) / rows).max(0.1);
+    let snapshot = warehouse.table(TEXT_TABLE).map_err(|e| e.to_string())?;
+    let text_bytes: u64 = snapshot.manifest.segments.iter().filter_map(|s| s.columns.iter().find(|c| c.name == "text")).map(|c| c.uncompressed_bytes).sum();
+    if text_bytes == 0 {
+        return Err(format!("calibrating string decoding: the manifest of '{TEXT_TABLE}' gives no bytes for its text column"));
+    }
+    let text_ns = fragment_wait(session, &format!("SELECT text FROM {TEXT_TABLE}")).await? - fragment_ns - value_ns * rows;
+    Ok((value_ns, (text_ns / text_bytes as f64).max(0.01)))
 }
 
 /// The PLAIN-page table the selection rates are measured on (another seed than `calibration`).

@@ -54,6 +54,8 @@ struct FragmentCheck {
     error: f64,
     /// The nodes' counters for it (`node_counters` in the stats: device CPU, pauses, waits).
     counters: serde_json::Value,
+    /// When it ran in its query (`span_ms`: from the query's first fragment's start).
+    span_ms: serde_json::Value,
 }
 
 #[derive(Debug, clap::Args)]
@@ -104,8 +106,9 @@ fn check(args: CheckArgs) -> CliResult {
             let (Some(predicted_ms), Some(measured_ms)) = (number("predicted_ms"), number("measured_ms")) else { continue };
             let text = |key: &str| op.get(key).and_then(|v| v.as_str()).unwrap_or("").to_string();
             let error = if measured_ms > 0.0 { predicted_ms / measured_ms - 1.0 } else { f64::INFINITY };
-            let counters = op.get("node_counters").cloned().unwrap_or(serde_json::Value::Null);
-            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error, counters });
+            let field = |key: &str| op.get(key).cloned().unwrap_or(serde_json::Value::Null);
+            let (counters, span_ms) = (field("node_counters"), field("span_ms"));
+            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error, counters, span_ms });
         }
     }
     let good = fragments.iter().filter(|f| f.error.abs() <= args.within).count();
@@ -115,7 +118,7 @@ fn check(args: CheckArgs) -> CliResult {
             .iter()
             .map(|f| {
                 serde_json::json!({ "run": f.run, "table": f.table, "bound": f.bound, "predicted_ms": f.predicted_ms,
-                                    "measured_ms": f.measured_ms, "error": f.error, "node_counters": f.counters })
+                                    "measured_ms": f.measured_ms, "error": f.error, "node_counters": f.counters, "span_ms": f.span_ms })
             })
             .collect();
         let doc = serde_json::json!({ "within": args.within, "fragments": listed, "good": good, "share_good": share });

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use datafusion::physical_plan::ExecutionPlan;
 use quarry_model::energy::{DevicePower, DeviceWork, Energy, HostPower, Work};
@@ -58,6 +59,12 @@ pub struct OperatorStats {
     /// partitions (device CPU, pauses, link and thread waits, queueing: what its time went to).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub node_counters: BTreeMap<&'static str, u64>,
+    /// For a fragment: when it ran, milliseconds from the query's first fragment's start to
+    /// its first request and its last batch (which fragments ran at once, sharing a node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub span_ms: Option<[f64; 2]>,
+    #[serde(skip)]
+    span: Option<(Instant, Instant)>,
 }
 
 /// The device's side of a query: what storage nodes spent running its fragments.
@@ -149,6 +156,12 @@ impl QueryStats {
     pub fn from_plan(plan: &Arc<dyn ExecutionPlan>, wall_ms: f64, rows_returned: u64) -> Self {
         let mut stats = QueryStats { wall_ms, rows_returned, ..Default::default() };
         collect(plan.as_ref(), &mut stats);
+        if let Some(origin) = stats.operators.iter().filter_map(|op| op.span).map(|(start, _)| start).min() {
+            let ms = |at: Instant| at.duration_since(origin).as_secs_f64() * 1e3;
+            for op in &mut stats.operators {
+                op.span_ms = op.span.map(|(start, end)| [ms(start), ms(end)]);
+            }
+        }
         stats
     }
 }
@@ -186,6 +199,8 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 bound: fragment.prediction().map(|(_, b)| b.to_string()),
                 measured_ms: fragment.measured_seconds().map(|s| s * 1e3),
                 node_counters: scan_counter::ALL.iter().map(|(name, _)| (*name, sum(name))).collect(),
+                span_ms: None,
+                span: fragment.span(),
             });
             for (node, node_stats) in fragment.node_stats_by_node() {
                 let work = stats.nodes.entry(node).or_default();
@@ -210,6 +225,8 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                     bound: None,
                     measured_ms: None,
                     node_counters: BTreeMap::new(),
+                    span_ms: None,
+                    span: None,
                 });
             }
         }
@@ -229,6 +246,8 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 bound: None,
                 measured_ms: None,
                 node_counters: BTreeMap::new(),
+                span_ms: None,
+                span: None,
             });
         }
     }

@@ -40,6 +40,8 @@ struct Waits {
     later: Vec<(Instant, Instant)>,
     /// The later waits folded away: after every first wait, before every pending ask.
     folded: Duration,
+    /// The first ask of any partition and the last item of any: when the fragment ran.
+    span: Option<(Instant, Instant)>,
 }
 
 /// Later waits kept before they are folded.
@@ -47,6 +49,7 @@ const LATER_WAITS_KEPT: usize = 64;
 
 impl Waits {
     fn ask(&mut self, partition: usize, at: Instant) {
+        self.span = Some(self.span.map_or((at, at), |(start, end)| (start.min(at), end)));
         self.pending.retain(|(p, _)| *p != partition);
         self.pending.push((partition, at));
     }
@@ -55,6 +58,7 @@ impl Waits {
     fn came(&mut self, partition: usize, first: bool, at: Instant) {
         let Some(i) = self.pending.iter().position(|(p, _)| *p == partition) else { return };
         let (_, asked) = self.pending.swap_remove(i);
+        self.span = self.span.map(|(start, end)| (start, end.max(at)));
         if first {
             self.first.push((partition, asked, at));
             return;
@@ -120,6 +124,11 @@ impl FragmentTiming {
             };
         }
         Some(total + current.map_or(Duration::ZERO, |(start, end)| end - start))
+    }
+
+    /// When the fragment ran: its first partition's first ask to its last item.
+    pub fn span(&self) -> Option<(Instant, Instant)> {
+        self.state.lock().expect("timing lock").span
     }
 
     /// Partition `partition`'s response stream, timed into this fragment's waits; the time

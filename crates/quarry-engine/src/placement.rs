@@ -471,20 +471,19 @@ impl PlacementRule {
             .iter()
             .map(|name| -> (f64, &'static str) {
                 let profile = self.nodes.get(*name).map(|d| &d.profile);
-                // Passthrough decodes on the host's threads; pushdown on the device's, a segment
-                // per thread (a node splits a partition's segments over its threads), so a
-                // one-segment table keeps one thread busy however many there are (SSB supplier
-                // under kim-isp-2015: 5.2 ms measured, 0.8 predicted at 3 threads). A
-                // one-partition passthrough decodes on one thread too, yet SSB SF 10's
-                // dimensions measured half its one-thread price: the decode rate, calibrated on
-                // integer columns, overprices their strings; both stay until calibrate measures
-                // strings.
+                // Passthrough decodes on the host, a partition per thread; pushdown on the
+                // device's threads, a segment per thread (a node splits a partition's segments
+                // over its threads), so a one-segment table keeps one thread busy however many
+                // there are (SSB supplier under kim-isp-2015: 5.2 ms measured, 0.8 predicted at
+                // 3 threads).
                 let on_node: Vec<&FragmentPartition> = partitions.iter().filter(|p| p.node.name() == *name).collect();
+                let streams = on_node.len().min(self.host_threads).max(1) as f64;
                 let (threads, slowdown) = match profile {
                     Some(p) if !passthrough => {
                         let segments: usize = on_node.iter().map(|p| p.leaves.iter().map(|(_, s)| s.len()).max().unwrap_or(0)).sum();
                         (p.threads().min(segments.max(1)) as f64, p.compute_slowdown)
                     }
+                    _ if passthrough => (streams, 1.0),
                     _ => (self.host_threads as f64, 1.0),
                 };
                 let rates = match self.nodes.get(*name) {
@@ -513,15 +512,13 @@ impl PlacementRule {
                 ));
                 if passthrough {
                     // DataFusion's Parquet reader fetches a row group's chunks, then decodes
-                    // them: in one partition transfer and decoding take turns rather than
-                    // overlap (Synthetic64 PLAIN, 1% of rows, smartssd-2013: passthrough 180-300
-                    // ms where their max predicted 118 ms, pushdown 130-190 ms). Partitions on
-                    // one node share its link, and one transfers while another decodes: each
-                    // takes its share of both, and the link carries all of it.
+                    // them: transfer and decoding take turns rather than overlap, in one
+                    // partition (Synthetic64 PLAIN, 1% of rows, smartssd-2013: passthrough
+                    // 180-300 ms where their max predicted 118 ms) and in several, which keep
+                    // in step (TPC-H SF 10 under kim-isp-2015, two partitions: `l_orderkey`
+                    // alone 773 ms, its transfer 598 ms and its decoding 175 ms a thread).
                     let (transfer, bound) = if read >= link { (read, "flash read") } else { (link, "link") };
-                    let streams = on_node.len().min(self.host_threads).max(1) as f64;
-                    let seconds = transfer.max(transfer / streams + compute);
-                    return (seconds, if compute > transfer { "host decode" } else { bound });
+                    return (transfer + compute, if compute > transfer { "host decode" } else { bound });
                 }
                 [(compute, "device CPU"), (read, "flash read"), (link, "link"), (receive, "host receive")]
                     .into_iter()
@@ -918,12 +915,24 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
             return Ok(TreeNodeRecursion::Jump);
         }
         if let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() {
-            total += rows(plan) * row_width(&leaf.schema()) * rates.decode_ns_per_byte;
+            total += rows(plan) * leaf_decode_ns_per_row(leaf, rates);
         }
         Ok(TreeNodeRecursion::Continue)
     })
     .expect("visiting a plan cannot fail");
     total
+}
+
+/// Decoding a row of a leaf's columns whole: a value each, and its strings' bytes (TPC-H SF 10
+/// passthrough on one host thread: `l_shipmode` and `l_quantity`, 1 byte a row stored, 4-5 ns a
+/// value; `l_comment`, 31 bytes, 27 ns; at Arrow widths, 24 and 16 bytes a value, the flags
+/// were priced at 3-4 times their cost and the comments at two thirds). A leaf whose string
+/// bytes are unknown (an older node's) counts each string at [`STRING_WIDTH`].
+fn leaf_decode_ns_per_row(leaf: &ScanLeafExec, rates: &Calibration) -> f64 {
+    let schema = leaf.schema();
+    let strings = schema.fields().iter().filter(|f| is_string(f.data_type())).count() as f64;
+    let string_bytes = leaf.string_bytes_per_row().unwrap_or(strings * STRING_WIDTH);
+    schema.fields().len() as f64 * rates.value_ns + string_bytes * rates.string_ns_per_byte
 }
 
 /// The amounts a selection over PLAIN pages (`PlainSelectExec`) is priced by, in the order of
@@ -974,7 +983,7 @@ fn op_ns_per_row(op: NodeOp, plan: &dyn ExecutionPlan, rates: &Calibration) -> f
     }
 }
 
-fn is_string(data_type: &DataType) -> bool {
+pub fn is_string(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Binary | DataType::BinaryView | DataType::LargeBinary)
 }
 
@@ -999,7 +1008,24 @@ pub fn row_width(schema: &Schema) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Prediction, auto_pushes, string_place};
+    use std::sync::Arc;
+
+    use arrow::datatypes::{DataType, Field, Schema};
+    use quarry_storage::{Calibration, ScanLeaf, ScanLeafExec};
+
+    use super::{Prediction, STRING_WIDTH, auto_pushes, leaf_decode_ns_per_row, string_place};
+
+    /// A row costs a value per column and its strings' decompressed bytes; a leaf whose string
+    /// bytes are unknown counts a string at the typical width.
+    #[test]
+    fn a_leaf_decodes_a_value_per_column_and_its_string_bytes() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false), Field::new("comment", DataType::Utf8View, false)]));
+        let leaf = ScanLeafExec::new(ScanLeaf { table: "t".into(), version: 1, segments: Vec::new(), projection: vec!["k".into(), "comment".into()], limit: None }, schema);
+        let rates = Calibration { value_ns: 3.0, string_ns_per_byte: 0.5, ..Calibration::default() };
+        assert_eq!(leaf_decode_ns_per_row(&leaf, &rates), 2.0 * 3.0 + STRING_WIDTH * 0.5);
+        let leaf = leaf.with_string_bytes_per_row(100.0);
+        assert_eq!(leaf_decode_ns_per_row(&leaf, &rates), 2.0 * 3.0 + 100.0 * 0.5);
+    }
 
     fn prediction(link_bytes: f64, seconds: f64) -> Prediction {
         Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU", assumed: Vec::new() }

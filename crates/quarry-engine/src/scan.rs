@@ -373,6 +373,11 @@ impl FragmentExec {
         self.timing.measured().map(|d| d.as_secs_f64())
     }
 
+    /// When the fragment ran: the first ask of its first partition to its last item.
+    pub fn span(&self) -> Option<(std::time::Instant, std::time::Instant)> {
+        self.timing.span()
+    }
+
     /// The node-side plan.
     pub fn root(&self) -> &Arc<dyn ExecutionPlan> {
         &self.root

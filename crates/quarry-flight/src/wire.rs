@@ -204,6 +204,8 @@ struct ColumnStatsWire {
     distinct_count: Option<u64>,
     #[serde(default)]
     stored_bytes: Option<u64>,
+    #[serde(default)]
+    decoded_bytes: Option<u64>,
 }
 
 impl TableInfoWire {
@@ -235,13 +237,14 @@ impl TableInfoWire {
             columns: info
                 .column_statistics
                 .iter()
-                .zip(&info.column_bytes)
-                .map(|(c, &stored_bytes)| ColumnStatsWire {
+                .zip(info.column_bytes.iter().zip(&info.column_decoded_bytes))
+                .map(|(c, (&stored_bytes, &decoded_bytes))| ColumnStatsWire {
                     min: text(&c.min_value),
                     max: text(&c.max_value),
                     null_count: c.null_count.get_value().map(|&n| n as u64),
                     distinct_count: c.distinct_count.get_value().map(|&n| n as u64),
                     stored_bytes,
+                    decoded_bytes,
                 })
                 .collect(),
         }
@@ -299,6 +302,7 @@ impl TableInfoWire {
             segments,
             column_statistics,
             column_bytes: self.columns.iter().map(|c| c.stored_bytes).collect(),
+            column_decoded_bytes: self.columns.iter().map(|c| c.decoded_bytes).collect(),
             page_encoding: self.page_encoding,
         })
     }

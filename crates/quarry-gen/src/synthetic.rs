@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array, RecordBatch};
+use arrow::array::{ArrayRef, Int32Array, RecordBatch, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use rand::distr::{Distribution, Uniform};
 
@@ -40,13 +40,14 @@ pub fn synthetic_table(
     Box::new(Synthetic::new(name, columns, rows, seed, CHUNK_ROWS_TARGET))
 }
 
-/// A SyntheticN table.
+/// A SyntheticN table, or the text table.
 struct Synthetic {
     name: String,
     rows: u64,
     seed: u64,
     chunk_rows: u64,
     schema: SchemaRef,
+    text: bool,
 }
 
 impl Synthetic {
@@ -61,7 +62,44 @@ impl Synthetic {
             seed,
             chunk_rows: chunk_rows.max(1),
             schema: Arc::new(Schema::new(fields)),
+            text: false,
         }
+    }
+
+    /// `n` rows of uniform columns, from `rng`.
+    fn uniform_batch(&self, n: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<ArrayRef> {
+        let values = Uniform::new(0, SYNTHETIC_VALUE_RANGE).expect("non-empty range");
+        // Column by column: each column of the batch is one run of the chunk's stream.
+        (0..self.schema.fields().len())
+            .map(|_| {
+                let column: Int32Array = (0..n).map(|_| values.sample(rng)).collect();
+                Arc::new(column) as ArrayRef
+            })
+            .collect()
+    }
+
+    /// `n` rows of the text table, from `rng`.
+    fn text_batch(n: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<ArrayRef> {
+        let codes = Uniform::new(0, TEXT_CODES).expect("non-empty range");
+        let lengths = Uniform::new_inclusive(10usize, 90).expect("non-empty range");
+        let word_lengths = Uniform::new_inclusive(2usize, 9).expect("non-empty range");
+        let letters = Uniform::new_inclusive(b'a', b'z').expect("non-empty range");
+        let code: Int32Array = (0..n).map(|_| codes.sample(rng)).collect();
+        let mut text = StringBuilder::with_capacity(n, n * 50);
+        let mut value = String::with_capacity(96);
+        for _ in 0..n {
+            value.clear();
+            let length = lengths.sample(rng);
+            while value.len() < length {
+                if !value.is_empty() {
+                    value.push(' ');
+                }
+                (0..word_lengths.sample(rng)).for_each(|_| value.push(char::from(letters.sample(rng))));
+            }
+            value.truncate(length);
+            text.append_value(&value);
+        }
+        vec![Arc::new(code), Arc::new(text.finish())]
     }
 }
 
@@ -85,24 +123,32 @@ impl TableGenerator for Synthetic {
     fn chunk(&self, index: usize) -> Box<dyn Iterator<Item = RecordBatch> + Send + '_> {
         let start = (index as u64 * self.chunk_rows).min(self.rows);
         let mut remaining = (start + self.chunk_rows).min(self.rows) - start;
-        let mut rng = chunk_rng(self.seed, SYNTHETIC_TAG, index);
-        let values = Uniform::new(0, SYNTHETIC_VALUE_RANGE).expect("non-empty range");
+        let mut rng = chunk_rng(self.seed, if self.text { TEXT_TAG } else { SYNTHETIC_TAG }, index);
         Box::new(std::iter::from_fn(move || {
             if remaining == 0 {
                 return None;
             }
             let n = remaining.min(BATCH_ROWS as u64) as usize;
             remaining -= n as u64;
-            // Column by column: each column of the batch is one run of the chunk's stream.
-            let columns: Vec<ArrayRef> = (0..self.schema.fields().len())
-                .map(|_| {
-                    let column: Int32Array = (0..n).map(|_| values.sample(&mut rng)).collect();
-                    Arc::new(column) as ArrayRef
-                })
-                .collect();
+            let columns = if self.text { Self::text_batch(n, &mut rng) } else { self.uniform_batch(n, &mut rng) };
             Some(RecordBatch::try_new(self.schema.clone(), columns).expect("columns match schema"))
         }))
     }
+}
+
+/// Seed-stream identity of the text table ("TEXT").
+const TEXT_TAG: u64 = 0x54_4558_54;
+
+/// Distinct values of the text table's `code` column: few enough to be dictionary-encoded.
+pub const TEXT_CODES: i32 = 1000;
+
+/// A table `name` of `rows` rows for measuring decoding by column kind: `code`, an `Int32` of
+/// [`TEXT_CODES`] distinct values (dictionary-encoded, as most stored columns are), and `text`,
+/// 10 to 90 bytes of random lowercase words (50 on average: as long and as varied as TPC-H's
+/// comments, too varied for a dictionary).
+pub fn text_table(name: &str, rows: u64, seed: u64) -> Box<dyn TableGenerator> {
+    let schema = Arc::new(Schema::new(vec![Field::new("code", DataType::Int32, false), Field::new("text", DataType::Utf8, false)]));
+    Box::new(Synthetic { name: name.to_string(), rows, seed, chunk_rows: CHUNK_ROWS_TARGET, schema, text: true })
 }
 
 #[cfg(test)]
@@ -136,6 +182,19 @@ mod tests {
             for batch in table.chunk(0) {
                 assert_eq!(batch.schema(), schema);
             }
+        }
+    }
+
+    /// The text table's codes stay in their range and its strings in 10-90 bytes of words.
+    #[test]
+    fn text_table_codes_and_strings() {
+        let table = text_table("text", 5000, 3);
+        let batches: Vec<RecordBatch> = table.chunk(0).collect();
+        assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 5000);
+        for batch in &batches {
+            assert!(column(batch, 0).iter().all(|c| (0..TEXT_CODES).contains(&c.unwrap())));
+            let text = batch.column(1).as_any().downcast_ref::<arrow::array::StringArray>().expect("Utf8 column");
+            assert!(text.iter().all(|t| (10..=90).contains(&t.unwrap().len()) && t.unwrap().bytes().all(|b| b == b' ' || b.is_ascii_lowercase())));
         }
     }
 

@@ -40,6 +40,10 @@ pub struct TableInfo {
     /// Per column (in schema order): the stored (compressed) bytes of its chunks over all
     /// segments, what reading it costs; `None` where a segment does not say.
     pub column_bytes: Vec<Option<u64>>,
+    /// Per column (in schema order): the bytes of its chunks once decompressed, over all
+    /// segments (a string column's values and lengths, what decoding it copies); `None` where a
+    /// segment does not say.
+    pub column_decoded_bytes: Vec<Option<u64>>,
     /// Columns `segments` are sorted by (empty if none).
     pub sort_key: Vec<String>,
     /// Further copies of the rows, each sorted by its own key (`quarry layout apply`); a scan

@@ -45,12 +45,14 @@ pub fn table_info(snapshot: &TableSnapshot) -> TableInfo {
     let schema = scan_schema(&snapshot.schema);
     let column_statistics = (0..schema.fields().len()).map(|i| column_statistics(&snapshot.manifest.segments, i, schema.field(i).data_type())).collect();
     let segments = &snapshot.manifest.segments;
-    let column_bytes = (0..schema.fields().len())
-        .map(|i| segments.iter().map(|s| s.columns.get(i).map(|c| c.compressed_bytes)).sum::<Option<u64>>())
-        .collect();
+    let column_sum = |bytes: fn(&quarry_table::ColumnStats) -> u64| -> Vec<Option<u64>> {
+        (0..schema.fields().len()).map(|i| segments.iter().map(|s| s.columns.get(i).map(bytes)).sum::<Option<u64>>()).collect()
+    };
+    let (column_bytes, column_decoded_bytes) = (column_sum(|c| c.compressed_bytes), column_sum(|c| c.uncompressed_bytes));
     TableInfo {
         column_statistics,
         column_bytes,
+        column_decoded_bytes,
         name: snapshot.manifest.table.clone(),
         version: snapshot.manifest.version,
         page_encoding: snapshot.manifest.page_encoding,

@@ -54,6 +54,9 @@ pub struct ScanLeafExec {
     /// shipped). The statistics' `total_byte_size` is the decoded size, which DataFusion
     /// compares to choose a hash join's build side.
     stored_bytes: Option<u64>,
+    /// The decompressed bytes per row of the string columns it reads (values and lengths,
+    /// what decoding them copies), for the host's cost model (not shipped).
+    string_bytes_per_row: Option<f64>,
     /// The host's estimate of the share of rows the filters above the leaf pass (not shipped):
     /// the default selectivity of those filters where DataFusion's analysis gives up.
     filter_selectivity: Option<f64>,
@@ -68,7 +71,7 @@ impl ScanLeafExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
-        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None, page_encoding: PageEncoding::default(), stored_bytes: None, filter_selectivity: None }
+        ScanLeafExec { leaf, schema, properties: Arc::new(properties), statistics: None, page_encoding: PageEncoding::default(), stored_bytes: None, string_bytes_per_row: None, filter_selectivity: None }
     }
 
     /// The leaf with the host's estimate of its output, which DataFusion propagates through
@@ -88,6 +91,17 @@ impl ScanLeafExec {
     pub fn with_stored_bytes(mut self, stored_bytes: u64) -> Self {
         self.stored_bytes = Some(stored_bytes);
         self
+    }
+
+    /// The leaf whose string columns decompress to `bytes` bytes a row.
+    pub fn with_string_bytes_per_row(mut self, bytes: f64) -> Self {
+        self.string_bytes_per_row = Some(bytes);
+        self
+    }
+
+    /// See [`Self::with_string_bytes_per_row`].
+    pub fn string_bytes_per_row(&self) -> Option<f64> {
+        self.string_bytes_per_row
     }
 
     /// The leaf under filters that pass `selectivity` of its rows (the host's estimate).
