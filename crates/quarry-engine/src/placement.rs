@@ -910,7 +910,18 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
                 let terms = plain_selection_terms(input, selectivity, filter_width, other_width, other_columns, schema.fields().len() as f64);
                 terms.iter().zip(rates.plain_selection_rates()).map(|(term, rate)| term * rate).sum()
             } else {
-                input * (filter_width + page_gather_share(selectivity) * other_width) * rates.decode_ns_per_byte
+                // Priced as a leaf decoded whole is (`leaf_decode_ns_per_row`), so that the two
+                // sides of a placement compare alike: the filter's columns a value a row (a
+                // dictionary string its index), the others' values and string bytes for the
+                // pages the gather reads.
+                let is_string_column = |i: usize| is_string(schema.field(i).data_type());
+                let strings = (0..schema.fields().len()).filter(|&i| is_string_column(i)).count() as f64;
+                let string_bytes = leaf.string_bytes_per_row().unwrap_or(strings * STRING_WIDTH) / strings.max(1.0);
+                let filter_strings = used.iter().filter(|&&i| is_string_column(i)).count() as f64;
+                let filter_string_bytes = if leaf.page_encoding() == PageEncoding::Plain { filter_strings * string_bytes } else { 0.0 };
+                let filter_ns = used.len() as f64 * rates.value_ns + filter_string_bytes * rates.string_ns_per_byte;
+                let other_ns = other_columns * rates.value_ns + (strings - filter_strings) * string_bytes * rates.string_ns_per_byte;
+                input * (filter_ns + page_gather_share(selectivity) * other_ns)
             };
             return Ok(TreeNodeRecursion::Jump);
         }
