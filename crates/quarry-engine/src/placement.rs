@@ -914,10 +914,9 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
                 // sides of a placement compare alike: the filter's columns a value a row (a
                 // dictionary string its index), the others' values and string bytes for the
                 // pages the gather reads.
-                let is_string_column = |i: usize| is_string(schema.field(i).data_type());
-                let strings = (0..schema.fields().len()).filter(|&i| is_string_column(i)).count() as f64;
-                let string_bytes = leaf.string_bytes_per_row().unwrap_or(strings * STRING_WIDTH) / strings.max(1.0);
-                let filter_strings = used.iter().filter(|&&i| is_string_column(i)).count() as f64;
+                let (strings, all_string_bytes) = leaf_string_bytes_per_row(leaf);
+                let string_bytes = all_string_bytes / strings.max(1.0);
+                let filter_strings = used.iter().filter(|&&i| is_string(schema.field(i).data_type())).count() as f64;
                 let filter_string_bytes = if leaf.page_encoding() == PageEncoding::Plain { filter_strings * string_bytes } else { 0.0 };
                 let filter_ns = used.len() as f64 * rates.value_ns + filter_string_bytes * rates.string_ns_per_byte;
                 let other_ns = other_columns * rates.value_ns + (strings - filter_strings) * string_bytes * rates.string_ns_per_byte;
@@ -937,13 +936,17 @@ fn decode_ns(root: &Arc<dyn ExecutionPlan>, rates: &Calibration) -> f64 {
 /// Decoding a row of a leaf's columns whole: a value each, and its strings' bytes (TPC-H SF 10
 /// passthrough on one host thread: `l_shipmode` and `l_quantity`, 1 byte a row stored, 4-5 ns a
 /// value; `l_comment`, 31 bytes, 27 ns; at Arrow widths, 24 and 16 bytes a value, the flags
-/// were priced at 3-4 times their cost and the comments at two thirds). A leaf whose string
-/// bytes are unknown (an older node's) counts each string at [`STRING_WIDTH`].
+/// were priced at 3-4 times their cost and the comments at two thirds).
 fn leaf_decode_ns_per_row(leaf: &ScanLeafExec, rates: &Calibration) -> f64 {
-    let schema = leaf.schema();
-    let strings = schema.fields().iter().filter(|f| is_string(f.data_type())).count() as f64;
-    let string_bytes = leaf.string_bytes_per_row().unwrap_or(strings * STRING_WIDTH);
-    schema.fields().len() as f64 * rates.value_ns + string_bytes * rates.string_ns_per_byte
+    let (_, string_bytes) = leaf_string_bytes_per_row(leaf);
+    leaf.schema().fields().len() as f64 * rates.value_ns + string_bytes * rates.string_ns_per_byte
+}
+
+/// A leaf's string columns and their decompressed bytes a row. A leaf whose string bytes are
+/// unknown (an older node's) counts each string at [`STRING_WIDTH`].
+fn leaf_string_bytes_per_row(leaf: &ScanLeafExec) -> (f64, f64) {
+    let strings = leaf.schema().fields().iter().filter(|f| is_string(f.data_type())).count() as f64;
+    (strings, leaf.string_bytes_per_row().unwrap_or(strings * STRING_WIDTH))
 }
 
 /// The amounts a selection over PLAIN pages (`PlainSelectExec`) is priced by, in the order of
@@ -1034,7 +1037,7 @@ mod tests {
         let leaf = ScanLeafExec::new(ScanLeaf { table: "t".into(), version: 1, segments: Vec::new(), projection: vec!["k".into(), "comment".into()], limit: None }, schema);
         let rates = Calibration { value_ns: 3.0, string_ns_per_byte: 0.5, ..Calibration::default() };
         assert_eq!(leaf_decode_ns_per_row(&leaf, &rates), 2.0 * 3.0 + STRING_WIDTH * 0.5);
-        let leaf = leaf.with_string_bytes_per_row(100.0);
+        let leaf = leaf.with_string_bytes_per_row(Some(100.0));
         assert_eq!(leaf_decode_ns_per_row(&leaf, &rates), 2.0 * 3.0 + 100.0 * 0.5);
     }
 

@@ -96,13 +96,17 @@ impl StorageTable {
         self.parts.iter().map(|(_, i)| i.total_bytes()).sum()
     }
 
+    /// The sum over all nodes of a per-column figure of `indices`, if every node knows it.
+    fn known_column_sum(&self, indices: &[usize], figure: impl Fn(&TableInfo) -> &[Option<u64>]) -> Option<u64> {
+        self.parts.iter().flat_map(|(_, info)| indices.iter().map(|&i| figure(info).get(i).copied().flatten())).sum()
+    }
+
     /// What a leaf reading the columns `indices` reads: their stored bytes where every node
     /// knows them, else the columns' share of the table's bytes (which misjudges tables whose
     /// columns compress unlike each other: SSB q2.1's four `lineorder` columns are 4 of 17 but
     /// 781 MB of 2 GB).
     fn projected_bytes(&self, indices: &[usize]) -> u64 {
-        let stored: Option<u64> = self.parts.iter().flat_map(|(_, info)| indices.iter().map(|&i| info.column_bytes.get(i).copied().flatten())).sum();
-        stored.unwrap_or_else(|| {
+        self.known_column_sum(indices, |info| &info.column_bytes).unwrap_or_else(|| {
             let share = indices.len().max(1) as f64 / self.info().schema.fields().len().max(1) as f64;
             (self.total_bytes() as f64 * share) as u64
         })
@@ -113,7 +117,7 @@ impl StorageTable {
     /// 128 bytes, its flags 1).
     fn string_bytes_per_row(&self, indices: &[usize]) -> Option<f64> {
         let strings: Vec<usize> = indices.iter().copied().filter(|&i| crate::placement::is_string(self.info().schema.field(i).data_type())).collect();
-        let bytes: Option<u64> = self.parts.iter().flat_map(|(_, info)| strings.iter().map(|&i| info.column_decoded_bytes.get(i).copied().flatten())).sum();
+        let bytes = self.known_column_sum(&strings, |info| &info.column_decoded_bytes);
         let rows = self.total_rows();
         bytes.filter(|_| rows > 0).map(|b| b as f64 / rows as f64)
     }
@@ -196,11 +200,7 @@ impl TableProvider for StorageTable {
         // A limit only holds for the leaf when nothing filters above it.
         let limit = if filters.is_empty() { limit } else { None };
         let leaf = ScanLeaf { table: info.name.clone(), version: info.version, segments: Vec::new(), projection, limit };
-        let root = ScanLeafExec::new(leaf, schema).with_statistics(statistics).with_stored_bytes(stored_bytes).with_page_encoding(info.page_encoding);
-        let root = match string_bytes_per_row {
-            Some(bytes) => root.with_string_bytes_per_row(bytes),
-            None => root,
-        };
+        let root = ScanLeafExec::new(leaf, schema).with_statistics(statistics).with_stored_bytes(stored_bytes).with_page_encoding(info.page_encoding).with_string_bytes_per_row(string_bytes_per_row);
         let root = Arc::new(match TableProvider::statistics(self) {
             Some(table) => root.with_filter_selectivity(crate::cardinality::scan_selectivity(filters, &table, &info.schema)),
             None => root,

@@ -93,9 +93,9 @@ impl ScanLeafExec {
         self
     }
 
-    /// The leaf whose string columns decompress to `bytes` bytes a row.
-    pub fn with_string_bytes_per_row(mut self, bytes: f64) -> Self {
-        self.string_bytes_per_row = Some(bytes);
+    /// The leaf whose string columns decompress to `bytes` bytes a row (`None`: not known).
+    pub fn with_string_bytes_per_row(mut self, bytes: Option<f64>) -> Self {
+        self.string_bytes_per_row = bytes;
         self
     }
 
