@@ -225,8 +225,10 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
         assert figures[rate] != default, (rate, figures[rate])
     assert all(figures[rate] >= 0 for rate in DEFAULT_RATES), figures
     assert figures["transfer_ns_per_byte"] > 0 and figures["spill_ns_per_byte"] > 0, figures
-    # The selection's rates fit its times: not all fixed at zero.
-    assert sum(figures[rate] > 0 for rate in DEFAULT_RATES if rate.startswith("plain_")) >= 2, figures
+    # The selection's rates fit its times: not all fixed at zero. (Its terms are near collinear
+    # on a small table, so a fit on times measured under load may put them all on one rate:
+    # it did in suite runs beside Rust builds.)
+    assert any(figures[rate] > 0 for rate in DEFAULT_RATES if rate.startswith("plain_")), figures
     assert re.search(r"^plain .* ns/byte copied, .* ns/page$", out, re.MULTILINE), out
     assert re.search(r"^star probe\s+[\d.]+ ns/row on the host, [\d.]+ on a node$", out, re.MULTILINE), out
     # Strings cost their bytes on top of a value's cost: the rate is measured, not its floor.
