@@ -234,6 +234,8 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
     # Strings cost their bytes on top of a value's cost: the rate is measured, not its floor.
     assert figures["string_ns_per_byte"] > 0.01 and figures["value_ns"] > 0.1, figures
     assert re.search(r"^values\s+[\d.]+ ns/value, strings [\d.]+ ns/byte more$", out, re.MULTILINE), out
+    printed = re.search(r"^column\s+([\d.]+) ms more a column read$", out, re.MULTILINE)
+    assert printed and abs(float(printed[1]) - figures["column_ns"] / 1e6) < 1e-3, out
     assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
     # A host with nodes elsewhere has rates of its own: the node's are not its.
     with q.StorageNodes([warehouse]) as node:
@@ -243,6 +245,26 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
         assert set(remote) == {"the host"}, remote
         (host / ".calibration.json").write_text((warehouse / ".calibration.json").read_text())
         assert set(_assumed_unmeasured(host, sql, "--nodes", node.arg, "--pushdown", "on")) == {None}
+
+
+def test_a_fragments_fixed_cost_has_a_part_per_column_it_reads(tmp_path):
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "1000", "--name", "t"], warehouse)
+    columns = len(q.run_quarry(["sql", "SELECT * FROM t LIMIT 1", "--format", "csv"], warehouse).stdout.splitlines()[0].split(","))
+    assert columns >= 4
+
+    def predicted(sql, column_ns):
+        (warehouse / ".calibration.json").write_text(json.dumps({"measured": True, "fragment_ns": 1e6, "column_ns": column_ns}))
+        explain = q.run_quarry(["sql", f"EXPLAIN {sql}", "--format", "csv", "--pushdown", "off"], warehouse).stdout
+        found = re.findall(r"predicted ([\d.]+) ms \(bound: ([\w ]+)\)", explain)
+        assert len(found) == 1 and found[0][1] == "fixed cost", explain
+        return float(found[0][0])
+
+    # 1,000 rows decode in microseconds: the fixed cost is all the difference.
+    one, every = predicted("SELECT col1 FROM t", 10e6), predicted("SELECT * FROM t", 10e6)
+    assert abs(every - one - 10.0 * (columns - 1)) < 0.5, (one, every, columns)
+    assert abs(one - 11.0) < 0.5, one
+    assert abs(predicted("SELECT * FROM t", 0.0) - predicted("SELECT col1 FROM t", 0.0)) < 0.5
 
 
 def test_host_power_figures_replace_the_default_host(tpch_warehouse, tmp_path):

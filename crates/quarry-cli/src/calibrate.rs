@@ -47,6 +47,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     println!("aggregate  {:>8.3} ns/row", calibration.aggregate_ns_per_row);
     println!("join       {:>8.3} ns/row", calibration.join_ns_per_row);
     println!("fragment   {:>8.3} ms", calibration.fragment_ns / 1e6);
+    println!("column     {:>8.3} ms more a column read", calibration.column_ns / 1e6);
     println!("transfer   {:>8.3} ns/byte", calibration.transfer_ns_per_byte);
     println!("spill      {:>8.3} ns/byte", calibration.spill_ns_per_byte);
     println!("star probe {:>8.3} ns/row on the host, {:.3} on a node", calibration.star_probe_ns_per_row, calibration.star_scan_ns_per_row);
@@ -100,21 +101,23 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         let filter = (best(&on_one_thread, "SELECT col1 FROM calibration WHERE col2 < col3 - 100000000").await? / n - decode * 8.0).max(0.1);
         let aggregate = (best(&on_one_thread, "SELECT col1 % 1000, SUM(col2) FROM calibration GROUP BY 1").await? / n - decode * 8.0).max(0.1);
         let join = (best(&off, "SELECT COUNT(*) FROM calibration a JOIN calibration b ON a.col1 = b.col1").await? / (2.0 * n) - decode * 4.0).max(0.1);
-        let fragment = fragment_wait(&off, "SELECT * FROM calibration_tiny").await?;
-        let (value_ns, string_ns_per_byte) = column_rates(&warehouse, &off, n, fragment).await?;
+        // The fixed cost, with a part per column: one column of the tiny table, then all.
+        let one_column = fragment_wait(&off, "SELECT col1 FROM calibration_tiny").await?;
+        let all_columns = fragment_wait(&off, "SELECT * FROM calibration_tiny").await?;
+        let column_ns = ((all_columns - one_column) / (COLUMNS - 1) as f64).max(0.0);
         let mut calibration = Calibration {
             decode_ns_per_byte: decode,
-            value_ns,
-            string_ns_per_byte,
             filter_ns_per_row: filter,
             aggregate_ns_per_row: aggregate,
             join_ns_per_row: join,
-            fragment_ns: fragment,
+            fragment_ns: (one_column - column_ns).max(0.0),
+            column_ns,
             measured: true,
             ..Calibration::default()
         };
-        calibration.set_plain_selection_rates(plain_selection_rates(&on_one_thread, rows, fragment, filter).await?);
-        (calibration.star_probe_ns_per_row, calibration.star_scan_ns_per_row) = star_rates(&off, &on_one_thread, decode, fragment).await?;
+        (calibration.value_ns, calibration.string_ns_per_byte) = column_rates(&warehouse, &off, n, calibration.fixed_ns(1)).await?;
+        calibration.set_plain_selection_rates(plain_selection_rates(&on_one_thread, rows, &calibration, filter).await?);
+        (calibration.star_probe_ns_per_row, calibration.star_scan_ns_per_row) = star_rates(&off, &on_one_thread, decode, calibration.fixed_ns(STAR_FACT_COLUMNS)).await?;
         Ok(calibration)
     })
 }
@@ -139,14 +142,14 @@ const TEXT_TABLE: &str = "calibration_text";
 /// dictionary-encoded `Int32` (the fragment's wait, less its fixed cost, per row), and per
 /// decompressed byte of a long string's values beyond that (bytes as the manifest counts them,
 /// as the placement model reads them).
-async fn column_rates(warehouse: &Warehouse, session: &QuarrySession, rows: f64, fragment_ns: f64) -> CliResult<(f64, f64)> {
-    let value_ns = ((fragment_wait(session, &format!("SELECT code FROM {TEXT_TABLE}")).await? - fragment_ns) / rows).max(0.1);
+async fn column_rates(warehouse: &Warehouse, session: &QuarrySession, rows: f64, fixed_ns: f64) -> CliResult<(f64, f64)> {
+    let value_ns = ((fragment_wait(session, &format!("SELECT code FROM {TEXT_TABLE}")).await? - fixed_ns) / rows).max(0.1);
     let snapshot = warehouse.table(TEXT_TABLE).map_err(|e| e.to_string())?;
     let text_bytes: u64 = snapshot.manifest.segments.iter().filter_map(|s| s.columns.iter().find(|c| c.name == "text")).map(|c| c.uncompressed_bytes).sum();
     if text_bytes == 0 {
         return Err(format!("calibrating string decoding: the manifest of '{TEXT_TABLE}' gives no bytes for its text column"));
     }
-    let text_ns = fragment_wait(session, &format!("SELECT text FROM {TEXT_TABLE}")).await? - fragment_ns - value_ns * rows;
+    let text_ns = fragment_wait(session, &format!("SELECT text FROM {TEXT_TABLE}")).await? - fixed_ns - value_ns * rows;
     Ok((value_ns, (text_ns / text_bytes as f64).max(0.01)))
 }
 
@@ -157,7 +160,7 @@ const PLAIN_TABLE: &str = "calibration_plain";
 /// the fragment's time, less its fixed cost and a projection's, for `SELECT * | col2 ... WHERE
 /// col1 < c` at four selectivities, fitted by non-negative least squares to the terms the
 /// placement model prices them by.
-async fn plain_selection_rates(session: &QuarrySession, rows: u64, fragment_ns: f64, filter_ns_per_row: f64) -> CliResult<[f64; 5]> {
+async fn plain_selection_rates(session: &QuarrySession, rows: u64, fixed: &Calibration, filter_ns_per_row: f64) -> CliResult<[f64; 5]> {
     let input = rows as f64;
     let mut equations = Vec::new();
     for (select, columns) in [("*", COLUMNS), ("col2", 2)] {
@@ -170,7 +173,7 @@ async fn plain_selection_rates(session: &QuarrySession, rows: u64, fragment_ns: 
             let terms = plain_selection_terms(input, selectivity, 4.0, 4.0 * other_columns, other_columns, columns as f64);
             // A projection to `col2` is priced apart, half the filter rate per row it passes.
             let projection = if columns < COLUMNS { input * selectivity * 0.5 * filter_ns_per_row } else { 0.0 };
-            equations.push((terms, measured - fragment_ns - projection));
+            equations.push((terms, measured - fixed.fixed_ns(columns) - projection));
         }
     }
     Ok(nonnegative_least_squares(&equations))
@@ -245,12 +248,15 @@ const STAR_SQL: &str = "SELECT d_year, s_region, SUM(lo_revenue) FROM lineorder,
 /// `lo_revenue` (Int64).
 const STAR_ROW_BYTES: f64 = 16.0;
 
+/// The fact columns [`STAR_SQL`] reads.
+const STAR_FACT_COLUMNS: usize = 3;
+
 /// The star join's probe per fact row, as the placement model prices it: on the host over
 /// decoded rows (`off`, the query's time on one thread), and on a node over the stored values
 /// as its pages are read (`on_one_thread`, the fact fragment's wait), each less a fragment's
 /// fixed cost and the decoding of the fact columns (priced with the scan). A plan without the
 /// star join on the side measured is an error, not a figure of something else.
-async fn star_rates(off: &QuarrySession, on_one_thread: &QuarrySession, decode_ns_per_byte: f64, fragment_ns: f64) -> CliResult<(f64, f64)> {
+async fn star_rates(off: &QuarrySession, on_one_thread: &QuarrySession, decode_ns_per_byte: f64, fixed_ns: f64) -> CliResult<(f64, f64)> {
     let fact_rows = |stats: &quarry_engine::QueryStats| stats.operators.iter().filter(|op| op.table.as_deref() == Some("lineorder")).map(|op| op.rows_in).sum::<u64>() as f64;
     let ran_star = |stats: &quarry_engine::QueryStats, side: Side| stats.operators.iter().any(|op| op.side == side && op.operator.starts_with("Star"));
     let mut rates = [f64::INFINITY; 2];
@@ -267,7 +273,7 @@ async fn star_rates(off: &QuarrySession, on_one_thread: &QuarrySession, decode_n
                 Side::Host => wall,
                 Side::Storage => result.stats.operators.iter().filter_map(|op| op.measured_ms).fold(0.0, f64::max) * 1e6,
             };
-            *rate = rate.min(((waited - fragment_ns) / rows - decode_ns_per_byte * STAR_ROW_BYTES).max(0.1));
+            *rate = rate.min(((waited - fixed_ns) / rows - decode_ns_per_byte * STAR_ROW_BYTES).max(0.1));
         }
     }
     Ok((rates[0], rates[1]))

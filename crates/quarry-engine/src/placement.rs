@@ -525,10 +525,12 @@ impl PlacementRule {
                     .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a })
             })
             .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
-        // Every fragment pays a fixed cost before its first batch (and a remote node's, as
-        // calibrated on its machine, is the host's round trip at least).
-        let seconds = seconds + self.host.fragment_ns / 1e9;
-        let bound = if self.host.fragment_ns / 1e9 > seconds / 2.0 { "fixed cost" } else { bound };
+        // Every fragment pays a fixed cost before its first batch, with a part per column its
+        // leaves read (and a remote node's, as calibrated on its machine, is the host's round
+        // trip at least).
+        let fixed = self.host.fixed_ns(leaves(root).iter().map(|leaf| leaf.schema().fields().len()).sum()) / 1e9;
+        let seconds = seconds + fixed;
+        let bound = if fixed > seconds / 2.0 { "fixed cost" } else { bound };
         if !unmeasured.is_empty() {
             assumed.push(format!("rates of {} not measured: defaults (run quarry calibrate on the machine)", unmeasured.join(", ")));
         }

@@ -187,8 +187,14 @@ pub struct Calibration {
     /// Writing rows to a spill file or reading them back, per byte of Arrow data.
     pub spill_ns_per_byte: f64,
     /// A fragment's fixed cost: sending it, opening its segments, the first batch's way back
-    /// (the time its consumer waits for a fragment over a 1,000-row table).
+    /// (the time its consumer waits for a fragment over one column of a 1,000-row table, less
+    /// `column_ns`).
     pub fragment_ns: f64,
+    /// A fragment's fixed cost per column its leaves read: fetching and opening a column chunk
+    /// (SSB SF 10 `date`, passthrough: 0.2-0.4 ms for one or two columns, 0.6-0.7 for all 17).
+    /// One figure for both, calibrated on eight columns, over-predicted SSB SF 10's `date` and
+    /// `supplier` fragments (0.3-0.7 ms) under kim-isp-2015 by up to 93%, 18 of 23 beyond 25%.
+    pub column_ns: f64,
     /// A star join's probe of decoded fact rows, per row.
     pub star_probe_ns_per_row: f64,
     /// A star join's probe on a node, over stored values as pages are read, per fact row.
@@ -233,6 +239,11 @@ impl Calibration {
         [self.plain_copy_ns_per_byte, self.plain_row_ns, self.plain_selected_row_ns, self.plain_run_ns, self.plain_page_ns] = rates;
     }
 
+    /// The fixed cost of a fragment whose leaves read `columns` columns.
+    pub fn fixed_ns(&self, columns: usize) -> f64 {
+        self.fragment_ns + columns as f64 * self.column_ns
+    }
+
     /// (compress ns/byte, decompress ns/byte, size ratio) of a link codec.
     pub fn link_codec_rates(&self, codec: crate::LinkCodec) -> (f64, f64, f64) {
         match codec {
@@ -260,6 +271,9 @@ impl Default for Calibration {
             // Measured on the development machine (2 cores), embedded: 0.6-3 ms for the
             // fragments over SSB's `date` and `supplier` at SF 10.
             fragment_ns: 1.0e6,
+            // Within `fragment_ns` until measured (as a calibration file written before this
+            // figure existed measured it).
+            column_ns: 0.0,
             star_probe_ns_per_row: 10.0,
             star_scan_ns_per_row: 1.0,
             // Synthetic64 with PLAIN pages, 8M rows, `SELECT * WHERE col1 < c` on a node:
