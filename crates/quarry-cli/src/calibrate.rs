@@ -160,7 +160,7 @@ const PLAIN_TABLE: &str = "calibration_plain";
 /// the fragment's time, less its fixed cost and a projection's, for `SELECT * | col2 ... WHERE
 /// col1 < c` at four selectivities, fitted by non-negative least squares to the terms the
 /// placement model prices them by.
-async fn plain_selection_rates(session: &QuarrySession, rows: u64, fixed: &Calibration, filter_ns_per_row: f64) -> CliResult<[f64; 5]> {
+async fn plain_selection_rates(session: &QuarrySession, rows: u64, calibration: &Calibration, filter_ns_per_row: f64) -> CliResult<[f64; 5]> {
     let input = rows as f64;
     let mut equations = Vec::new();
     for (select, columns) in [("*", COLUMNS), ("col2", 2)] {
@@ -173,7 +173,7 @@ async fn plain_selection_rates(session: &QuarrySession, rows: u64, fixed: &Calib
             let terms = plain_selection_terms(input, selectivity, 4.0, 4.0 * other_columns, other_columns, columns as f64);
             // A projection to `col2` is priced apart, half the filter rate per row it passes.
             let projection = if columns < COLUMNS { input * selectivity * 0.5 * filter_ns_per_row } else { 0.0 };
-            equations.push((terms, measured - fixed.fixed_ns(columns) - projection));
+            equations.push((terms, measured - calibration.fixed_ns(columns) - projection));
         }
     }
     Ok(nonnegative_least_squares(&equations))

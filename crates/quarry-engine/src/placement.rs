@@ -452,7 +452,8 @@ impl PlacementRule {
     /// host's, for passthrough, which the host decodes); nodes run in parallel.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> Prediction {
         let passthrough = root.is::<ScanLeafExec>();
-        let read_bytes: f64 = leaves(root).iter().map(|leaf| leaf_stored_bytes(leaf)).sum();
+        let leaves = leaves(root);
+        let read_bytes: f64 = leaves.iter().map(leaf_stored_bytes).sum();
         let memory = partitions.iter().filter_map(|p| self.nodes.get(p.node.name())).map(|d| d.profile.memory()).min().unwrap_or(0);
         let mut assumed = unknown_rows(root);
         // The host's rates price its decoding, its receiving and the fixed cost.
@@ -528,7 +529,7 @@ impl PlacementRule {
         // Every fragment pays a fixed cost before its first batch, with a part per column its
         // leaves read (and a remote node's, as calibrated on its machine, is the host's round
         // trip at least).
-        let fixed = self.host.fixed_ns(leaves(root).iter().map(|leaf| leaf.schema().fields().len()).sum()) / 1e9;
+        let fixed = self.host.fixed_ns(leaves.iter().map(|leaf| leaf.schema().fields().len()).sum()) / 1e9;
         let seconds = seconds + fixed;
         let bound = if fixed > seconds / 2.0 { "fixed cost" } else { bound };
         if !unmeasured.is_empty() {
