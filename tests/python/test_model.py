@@ -236,6 +236,8 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
     assert re.search(r"^values\s+[\d.]+ ns/value, strings [\d.]+ ns/byte more$", out, re.MULTILINE), out
     printed = re.search(r"^column\s+([\d.]+) ms more a column read$", out, re.MULTILINE)
     assert printed and abs(float(printed[1]) - figures["column_ns"] / 1e6) < 1e-3, out
+    printed = re.search(r"^node CPU\s+([\d.]+) ms a fragment$", out, re.MULTILINE)
+    assert figures["fragment_cpu_ns"] > 0 and printed and abs(float(printed[1]) - figures["fragment_cpu_ns"] / 1e6) < 1e-3, (out, figures)
     assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
     # A host with nodes elsewhere has rates of its own: the node's are not its.
     with q.StorageNodes([warehouse]) as node:
@@ -265,6 +267,27 @@ def test_a_fragments_fixed_cost_has_a_part_per_column_it_reads(tmp_path):
     assert abs(every - one - 10.0 * (columns - 1)) < 0.5, (one, every, columns)
     assert abs(one - 11.0) < 0.5, one
     assert abs(predicted("SELECT * FROM t", 0.0) - predicted("SELECT col1 FROM t", 0.0)) < 0.5
+
+
+def test_a_devices_fragment_pays_its_setup_at_the_devices_speed(tmp_path):
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "1000", "--name", "t"], warehouse)
+
+    def predicted(fragment_cpu_ns, pushdown):
+        figures = {"measured": True, "fragment_ns": 1e6, "column_ns": 0.0, "fragment_cpu_ns": fragment_cpu_ns}
+        (warehouse / ".calibration.json").write_text(json.dumps(figures))
+        sql = "EXPLAIN SELECT col1 FROM t WHERE col2 < col3"
+        explain = q.run_quarry(["sql", sql, "--format", "csv", "--pushdown", pushdown, "--profile", "kim-isp-2015"], warehouse).stdout
+        found = re.findall(r"predicted ([\d.]+) ms \(bound: ([\w ]+)\)", explain)
+        assert len(found) == 1, explain
+        return float(found[0][0]), found[0][1]
+
+    # One partition of 1,000 rows: its setup's 1 ms of CPU takes kim-isp-2015's 10x slower
+    # CPU 9 ms more than the host's share of it, within the fixed cost.
+    (unpaid, _), (paid, bound) = predicted(0.0, "on"), predicted(1e6, "on")
+    assert abs(paid - unpaid - 9.0) < 0.5 and bound == "device CPU", (unpaid, paid, bound)
+    # Passthrough runs no operator on the device.
+    assert abs(predicted(1e6, "off")[0] - predicted(0.0, "off")[0]) < 0.05
 
 
 def test_host_power_figures_replace_the_default_host(tpch_warehouse, tmp_path):

@@ -14,7 +14,7 @@ use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use quarry_engine::placement::plain_selection_terms;
 use quarry_gen::synthetic::SYNTHETIC_VALUE_RANGE;
 use quarry_storage::local_files::evict_from_page_cache;
-use quarry_storage::{CALIBRATION_FILE, Calibration, DeviceProfile, LinkCodec, LocalStorageNode};
+use quarry_storage::{CALIBRATION_FILE, Calibration, DeviceProfile, LinkCodec, LocalStorageNode, scan_counter};
 use quarry_table::{PageEncoding, Warehouse};
 
 use crate::generate::generate_tables;
@@ -48,6 +48,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     println!("join       {:>8.3} ns/row", calibration.join_ns_per_row);
     println!("fragment   {:>8.3} ms", calibration.fragment_ns / 1e6);
     println!("column     {:>8.3} ms more a column read", calibration.column_ns / 1e6);
+    println!("node CPU   {:>8.3} ms a fragment", calibration.fragment_cpu_ns / 1e6);
     println!("transfer   {:>8.3} ns/byte", calibration.transfer_ns_per_byte);
     println!("spill      {:>8.3} ns/byte", calibration.spill_ns_per_byte);
     println!("star probe {:>8.3} ns/row on the host, {:.3} on a node", calibration.star_probe_ns_per_row, calibration.star_scan_ns_per_row);
@@ -105,6 +106,8 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
         let one_column = fragment_wait(&off, "SELECT col1 FROM calibration_tiny").await?;
         let all_columns = fragment_wait(&off, "SELECT * FROM calibration_tiny").await?;
         let column_ns = ((all_columns - one_column) / (COLUMNS - 1) as f64).max(0.0);
+        // A predicate no statistics can prune, so the node opens the segment and filters.
+        let fragment_cpu_ns = fragment_node_cpu(&on_one_thread, "SELECT col1 FROM calibration_tiny WHERE col2 < col3 - 100000000").await?;
         let mut calibration = Calibration {
             decode_ns_per_byte: decode,
             filter_ns_per_row: filter,
@@ -112,6 +115,7 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
             join_ns_per_row: join,
             fragment_ns: (one_column - column_ns).max(0.0),
             column_ns,
+            fragment_cpu_ns,
             measured: true,
             ..Calibration::default()
         };
@@ -357,6 +361,20 @@ async fn fragment_wait(session: &QuarrySession, sql: &str) -> CliResult<f64> {
             return Err(format!("calibrating the fragment cost: '{sql}' reported no fragment time"));
         }
         least = least.min(waited * 1e6);
+    }
+    Ok(least)
+}
+
+/// The least CPU over three runs that a node spent on the one fragment of `sql`, nanoseconds.
+async fn fragment_node_cpu(session: &QuarrySession, sql: &str) -> CliResult<f64> {
+    let mut least = f64::INFINITY;
+    for _ in 0..3 {
+        let result = session.query(sql).await.map_err(|e| user_message(&e))?;
+        let cpu = result.stats.operators.iter().filter_map(|op| op.node_counters.get(scan_counter::DEVICE_CPU_NS)).copied().max();
+        let Some(cpu) = cpu.filter(|&ns| ns > 0) else {
+            return Err(format!("calibrating a fragment's node CPU: '{sql}' reported none"));
+        };
+        least = least.min(cpu as f64);
     }
     Ok(least)
 }

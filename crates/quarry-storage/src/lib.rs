@@ -21,6 +21,7 @@ pub mod page_reader;
 pub mod page_select;
 pub mod plain_select;
 pub mod plan_metrics;
+pub mod precise_sleep;
 pub mod profile;
 pub mod star;
 pub mod verified_store;

@@ -72,7 +72,7 @@ use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
 use crate::zones::ProbeKeys;
 use crate::verified_store::VerifiedStore;
-use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_SLEEP, NodeDescription, ThrottledStore, read_calibration, thread_cpu_ns};
+use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_WAIT, NodeDescription, ThrottledStore, read_calibration, thread_cpu_ns};
 
 /// Default number of fragments admitted at once.
 const DEFAULT_MAX_SESSIONS: usize = 64;
@@ -1047,9 +1047,8 @@ struct WorkerTimes {
 /// worker pauses, holding a thread, for the time the slower device CPU would have needed beyond
 /// ours, in slices of [`DEVICE_TIME_SLICE`] between which the workers take turns.
 async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>, admission: Arc<MemoryAdmission>) {
-    // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in sleeps of at
-    // least MIN_SLEEP, since a timer rounds each sleep up to its resolution (1 ms): paying
-    // every step's few microseconds separately would slow the device far below its profile.
+    // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in precise sleeps
+    // of at least MIN_WAIT, so a step of a few microseconds adds to the next one's pause.
     let mut owed_ns: i64 = 0;
     loop {
         let threads = pacing.as_ref().map(|p| Arc::clone(&p.threads));
@@ -1060,13 +1059,13 @@ async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender
         if let Some(p) = &pacing {
             owed_ns += (cpu_ns as f64 * (p.slowdown - 1.0)) as i64;
             // The last step pays all that is owed, so the fragment's time includes it.
-            while owed_ns >= MIN_SLEEP.as_nanos() as i64 || (item.is_none() && owed_ns > 0) {
+            while owed_ns >= MIN_WAIT.as_nanos() as i64 || (item.is_none() && owed_ns > 0) {
                 let started = Instant::now();
-                tokio::time::sleep(Duration::from_nanos(owed_ns.min(DEVICE_TIME_SLICE.as_nanos() as i64) as u64)).await;
+                crate::precise_sleep::sleep(Duration::from_nanos(owed_ns.min(DEVICE_TIME_SLICE.as_nanos() as i64) as u64)).await;
                 let slept = started.elapsed().as_nanos() as i64;
                 owed_ns -= slept;
                 times.pause_ns.fetch_add(slept as u64, Ordering::Relaxed);
-                if owed_ns >= MIN_SLEEP.as_nanos() as i64 {
+                if owed_ns >= MIN_WAIT.as_nanos() as i64 {
                     // The slice is over: the thread goes to the next worker waiting for one (the
                     // semaphore queues them in order), as a scheduler ends a time slice, so a
                     // small fragment does not wait for a long pause of another's.

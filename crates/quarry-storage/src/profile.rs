@@ -195,6 +195,13 @@ pub struct Calibration {
     /// One figure for both, calibrated on eight columns, over-predicted SSB SF 10's `date` and
     /// `supplier` fragments (0.3-0.7 ms) under kim-isp-2015 by up to 93%, 18 of 23 beyond 25%.
     pub column_ns: f64,
+    /// A node's CPU for a fragment beyond its rows' work (decoding the plan, opening its
+    /// segments, setting up its operators), per partition: measured on one column of a
+    /// 1,000-row table filtered on the node. A device pays it `compute_slowdown` times, which
+    /// `fragment_ns` (measured in passthrough, the host's speed) does not hold (TPC-H SF 10
+    /// `region`, 5 rows filtered under kim-isp-2015: 44-90 µs of CPU, paced to 0.4-1 ms,
+    /// measured 2-12 ms where 0.5 was predicted).
+    pub fragment_cpu_ns: f64,
     /// A star join's probe of decoded fact rows, per row.
     pub star_probe_ns_per_row: f64,
     /// A star join's probe on a node, over stored values as pages are read, per fact row.
@@ -274,6 +281,8 @@ impl Default for Calibration {
             // Within `fragment_ns` until measured (as a calibration file written before this
             // figure existed measured it).
             column_ns: 0.0,
+            // TPC-H SF 10 `region` and `nation` filtered on a node, development machine.
+            fragment_cpu_ns: 50.0e3,
             star_probe_ns_per_row: 10.0,
             star_scan_ns_per_row: 1.0,
             // Synthetic64 with PLAIN pages, 8M rows, `SELECT * WHERE col1 < c` on a node:
@@ -320,12 +329,19 @@ pub struct NodeDescription {
     pub calibration: Calibration,
 }
 
-/// The shortest sleep the device emulation takes: tokio's timer rounds every sleep up to its
-/// 1 ms resolution, so shorter waits are accumulated and paid together.
-pub const MIN_SLEEP: Duration = Duration::from_millis(2);
+/// How long a transfer holds a shared link or flash at a time: the device interleaves
+/// concurrent transfers (NCQ, channel striping), so a 25-row table read while another fragment
+/// streams 26 MB waits for a turn of it, not for all of it (TPC-H SF 10 Q02 under
+/// smartssd-2013: `nation`, 0.5 ms alone, took 20-27 ms queued behind `part`'s reads).
+pub const LINK_TURN: Duration = Duration::from_micros(250);
+
+/// The shortest wait the emulation sleeps: a read of a page or two at the flash's rate takes a
+/// few microseconds, and a sleep for each would cost more CPU in wake-ups than it emulates.
+pub const MIN_WAIT: Duration = Duration::from_micros(50);
 
 /// A shared bandwidth budget: callers reserve bytes and wait until the link could have carried
-/// them. Reservations queue in arrival order, so concurrent streams share the rate.
+/// them. Reservations are made a turn ([`LINK_TURN`]) of bytes at a time, each when the link
+/// is about to reach it, so concurrent transfers share the rate by turns.
 #[derive(Debug)]
 pub struct BandwidthLimiter {
     bytes_per_sec: f64,
@@ -339,23 +355,36 @@ impl BandwidthLimiter {
         BandwidthLimiter { bytes_per_sec: mbps * 1e6, next_free: std::sync::Mutex::new(Instant::now()), waited_ns: AtomicU64::new(0) }
     }
 
-    /// Waits until `bytes` more fit the rate; returns the time waited. A wait shorter than
-    /// [`MIN_SLEEP`] is not slept but stays on the schedule, and the next longer wait pays it:
-    /// the rate holds on average, with bursts of at most `MIN_SLEEP` worth of bytes, where
-    /// sleeping each short wait would round it up to the timer's resolution.
+    /// Waits until `bytes` more have crossed at the rate, sharing it by turns with the other
+    /// callers; returns the time waited. Sleeps are precise (`precise_sleep`); a wait shorter
+    /// than [`MIN_WAIT`] is not slept but stays on the schedule, for the next caller to pay.
     pub async fn consume(&self, bytes: u64) -> Duration {
-        let now = Instant::now();
-        let done = {
-            let mut next = self.next_free.lock().expect("limiter lock");
-            let start = (*next).max(now);
-            *next = start + Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec);
-            *next
-        };
-        let wait = done.saturating_duration_since(now);
-        if wait < MIN_SLEEP {
-            return Duration::ZERO;
+        let asked = Instant::now();
+        let turn_bytes = ((self.bytes_per_sec * LINK_TURN.as_secs_f64()) as u64).max(1);
+        let mut left = bytes;
+        let mut done = asked;
+        while left > 0 {
+            let turn = left.min(turn_bytes);
+            left -= turn;
+            done = {
+                let mut next = self.next_free.lock().expect("limiter lock");
+                let start = (*next).max(Instant::now());
+                *next = start + Duration::from_secs_f64(turn as f64 / self.bytes_per_sec);
+                *next
+            };
+            // The next turn is reserved once the link nears the end of this one, so that a
+            // transfer asking meanwhile gets the turn between.
+            if left > 0
+                && let Some(near) = done.checked_sub(LINK_TURN)
+                && near > Instant::now() + MIN_WAIT
+            {
+                crate::precise_sleep::sleep_until(near).await;
+            }
         }
-        tokio::time::sleep_until(tokio::time::Instant::from_std(done)).await;
+        if done > Instant::now() + MIN_WAIT {
+            crate::precise_sleep::sleep_until(done).await;
+        }
+        let wait = asked.elapsed();
         self.waited_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
         wait
     }

@@ -336,6 +336,34 @@ fn segment_reads_split_to_the_limit_and_join_back() {
     assert!(short.contains("got 5 bytes for range 300..310"), "{short}");
 }
 
+/// An emulated link charges every transfer its time, even one shorter than tokio's 1 ms
+/// tick, and a short transfer beside a long one waits for a turn of the link, not for all of
+/// the long one (the limiter once let waits under 2 ms go unslept and queued transfers whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_charges_short_transfers_and_shares_itself_by_turns() {
+    use quarry_storage::BandwidthLimiter;
+    use std::time::{Duration, Instant};
+    let link = Arc::new(BandwidthLimiter::new(100.0));
+    // 100 KB at 100 MB/s: 1 ms.
+    let started = Instant::now();
+    link.consume(100_000).await;
+    assert!(started.elapsed() >= Duration::from_micros(950), "{:?}", started.elapsed());
+
+    // 10 MB: 100 ms; 1 KB asked 5 ms into it.
+    let started = Instant::now();
+    let long = tokio::spawn({
+        let link = Arc::clone(&link);
+        async move { link.consume(10_000_000).await }
+    });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let asked = Instant::now();
+    link.consume(1_000).await;
+    let short = asked.elapsed();
+    long.await.unwrap();
+    assert!(short < Duration::from_millis(20), "the short transfer waited {short:?}");
+    assert!(started.elapsed() >= Duration::from_millis(100), "{:?}", started.elapsed());
+}
+
 /// Writes go through the `StorageNode` seam: a write commits as one version, an aborted one
 /// and one whose lease ran out change nothing and leave the table unlocked.
 #[tokio::test]
