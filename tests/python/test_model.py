@@ -177,11 +177,41 @@ def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehou
     for f in doc["fragments"]:
         assert abs(f["error"] - (f["predicted_ms"] / f["measured_ms"] - 1)) < 1e-9, f
     assert doc["good"] == sum(1 for f in doc["fragments"] if abs(f["error"]) <= 0.25)
+    # Each fragment states its demand on what fragments running at once share; stretched over
+    # the run, no fragment is predicted faster than alone.
+    for op in fragments:
+        d = op["predicted_demand"]
+        assert abs(d["alone_ms"] - op["predicted_ms"]) < 1e-6 and d["link_ms"] + d["host_ms"] <= d["alone_ms"] + 1e-6, op
+    assert all(f["predicted_in_run_ms"] >= f["predicted_ms"] * (1 - 1e-9) for f in doc["fragments"]), doc["fragments"]
+    assert doc["good_in_run"] == sum(1 for f in doc["fragments"] if abs(f["error_in_run"]) <= 0.25)
     bad = q.run_quarry(["model", "check", tmp_path / "on.json", "--within", "0"], check=False)
     assert bad.returncode != 0 and "--within" in bad.stderr
     (tmp_path / "x.json").write_text("{}")
     bad = q.run_quarry(["model", "check", tmp_path / "x.json"], check=False)
     assert bad.returncode != 0 and "x.json" in bad.stderr and "operators" in bad.stderr
+
+
+def _link_bound_fragment(table, alone_ms, start_ms):
+    return {"operator": "FragmentExec", "table": table, "bound": "link", "predicted_ms": alone_ms, "measured_ms": alone_ms,
+            "span_ms": [start_ms, start_ms + alone_ms],
+            "predicted_demand": {"alone_ms": alone_ms, "link_ms": alone_ms, "host_ms": 0.0, "decode_threads": 1.0,
+                                 "host_threads": 2, "overlapped": False}}
+
+
+def test_model_check_stretches_fragments_that_share_the_link_over_their_run(tmp_path):
+    # Two link-bound fragments from the same start share the link: the 100 ms one sends at
+    # half the bandwidth (200 ms), the 200 ms one then has 100 ms to send alone (300 ms).
+    # Started apart, neither slows the other.
+    together = tmp_path / "together.json"
+    together.write_text(json.dumps({"operators": [_link_bound_fragment("part", 100.0, 0.0), _link_bound_fragment("orders", 200.0, 0.0)]}))
+    apart = tmp_path / "apart.json"
+    apart.write_text(json.dumps({"operators": [_link_bound_fragment("part", 100.0, 0.0), _link_bound_fragment("orders", 200.0, 150.0)]}))
+    doc = json.loads(q.run_quarry(["model", "check", together, apart, "--json"]).stdout)
+    in_run = [round(f["predicted_in_run_ms"], 6) for f in doc["fragments"]]
+    assert in_run == [200.0, 300.0, 100.0, 200.0], doc
+    assert doc["good"] == 4 and doc["good_in_run"] == 2, doc
+    text = q.run_quarry(["model", "check", together, apart]).stdout
+    assert "2 of 4 fragments (50%) within 25% when predicted in their run's schedule" in text, text
 
 
 # `Calibration::default()`'s figures for the rates `quarry calibrate` measures beyond the first

@@ -4,6 +4,7 @@
 
 use quarry_model::emos::{CacheConfig, EnergyTable, parse_trace, simulate};
 use quarry_model::kim;
+use quarry_model::sharing::{Demand, in_run};
 use quarry_storage::parse_size;
 
 use crate::CliResult;
@@ -25,7 +26,8 @@ enum Model {
     /// 6's throughputs.
     Kim(KimArgs),
     /// Compares the placement model's predicted time of each fragment with its measured time,
-    /// in the `--stats` files of finished runs.
+    /// in the `--stats` files of finished runs: as priced alone, and stretched over the run's
+    /// schedule where fragments running at once share the link and the host's threads.
     Check(CheckArgs),
 }
 
@@ -52,6 +54,9 @@ struct FragmentCheck {
     measured_ms: f64,
     /// predicted / measured - 1.
     error: f64,
+    /// Predicted in the run's schedule: its time alone stretched by the fragments running
+    /// beside it (`quarry_model::sharing`), from when each started.
+    in_run_ms: Option<f64>,
     /// The nodes' counters for it (`node_counters` in the stats: device CPU, pauses, waits).
     counters: serde_json::Value,
     /// When it ran in its query (`span_ms`: from the query's first fragment's start).
@@ -96,8 +101,10 @@ fn check(args: CheckArgs) -> CliResult {
     if !(args.within.is_finite() && args.within > 0.0) {
         return Err(format!("--within must be a positive share (0.25 = 25%), not {}", args.within));
     }
-    let mut fragments = Vec::new();
+    let mut fragments: Vec<FragmentCheck> = Vec::new();
     for path in &args.runs {
+        let first = fragments.len();
+        let mut schedule: Option<Vec<(Demand, f64, f64)>> = Some(Vec::new());
         let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
         let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: not a --stats JSON file: {e}", path.display()))?;
         let operators = doc.get("operators").and_then(|o| o.as_array()).ok_or_else(|| format!("{}: no 'operators' list (is it a --stats file?)", path.display()))?;
@@ -108,29 +115,71 @@ fn check(args: CheckArgs) -> CliResult {
             let error = if measured_ms > 0.0 { predicted_ms / measured_ms - 1.0 } else { f64::INFINITY };
             let field = |key: &str| op.get(key).cloned().unwrap_or(serde_json::Value::Null);
             let (counters, span_ms) = (field("node_counters"), field("span_ms"));
-            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error, counters, span_ms });
+            let start_ms = span_ms.get(0).and_then(|v| v.as_f64());
+            schedule = schedule.zip(demand(op).zip(start_ms)).map(|(mut s, ((demand, host_threads), start))| {
+                s.push((demand, start / 1e3, host_threads));
+                s
+            });
+            fragments.push(FragmentCheck { run: path.display().to_string(), table: text("table"), bound: text("bound"), predicted_ms, measured_ms, error, in_run_ms: None, counters, span_ms });
+        }
+        // Stretched over the run only where every fragment of it states its demand and start.
+        if let Some(schedule) = schedule.filter(|s| !s.is_empty()) {
+            let demands: Vec<Demand> = schedule.iter().map(|s| s.0).collect();
+            let starts: Vec<f64> = schedule.iter().map(|s| s.1).collect();
+            let host_threads = schedule.iter().map(|s| s.2).fold(1.0, f64::max);
+            for (f, seconds) in fragments[first..].iter_mut().zip(in_run(&demands, &starts, host_threads)) {
+                f.in_run_ms = Some(seconds * 1e3);
+            }
         }
     }
+    let within = |predicted: f64, measured: f64| measured > 0.0 && (predicted / measured - 1.0).abs() <= args.within;
     let good = fragments.iter().filter(|f| f.error.abs() <= args.within).count();
     let share = if fragments.is_empty() { 0.0 } else { good as f64 / fragments.len() as f64 };
+    let good_in_run = fragments.iter().filter(|f| f.in_run_ms.is_some_and(|p| within(p, f.measured_ms))).count();
+    let share_in_run = if fragments.is_empty() { 0.0 } else { good_in_run as f64 / fragments.len() as f64 };
     if args.json {
         let listed: Vec<serde_json::Value> = fragments
             .iter()
             .map(|f| {
                 serde_json::json!({ "run": f.run, "table": f.table, "bound": f.bound, "predicted_ms": f.predicted_ms,
-                                    "measured_ms": f.measured_ms, "error": f.error, "node_counters": f.counters, "span_ms": f.span_ms })
+                                    "measured_ms": f.measured_ms, "error": f.error, "predicted_in_run_ms": f.in_run_ms,
+                                    "error_in_run": f.in_run_ms.map(|p| p / f.measured_ms - 1.0),
+                                    "node_counters": f.counters, "span_ms": f.span_ms })
             })
             .collect();
-        let doc = serde_json::json!({ "within": args.within, "fragments": listed, "good": good, "share_good": share });
+        let doc = serde_json::json!({ "within": args.within, "fragments": listed, "good": good, "share_good": share,
+                                      "good_in_run": good_in_run, "share_good_in_run": share_in_run });
         println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
         return Ok(());
     }
-    println!("{:<40} {:<20} {:<13} {:>12} {:>12} {:>8}", "run", "table", "bound", "predicted ms", "measured ms", "error");
+    println!("{:<40} {:<20} {:<13} {:>12} {:>12} {:>8} {:>12} {:>8}", "run", "table", "bound", "predicted ms", "measured ms", "error", "in run ms", "error");
     for f in &fragments {
-        println!("{:<40} {:<20} {:<13} {:>12.1} {:>12.1} {:>7.0}%", f.run, f.table, f.bound, f.predicted_ms, f.measured_ms, f.error * 100.0);
+        let in_run = f.in_run_ms.map_or(format!("{:>12} {:>8}", "-", "-"), |p| format!("{p:>12.1} {:>7.0}%", (p / f.measured_ms - 1.0) * 100.0));
+        println!("{:<40} {:<20} {:<13} {:>12.1} {:>12.1} {:>7.0}% {in_run}", f.run, f.table, f.bound, f.predicted_ms, f.measured_ms, f.error * 100.0);
     }
     println!("{good} of {} fragments ({:.0}%) predicted within {:.0}% of their measured time", fragments.len(), share * 100.0, args.within * 100.0);
+    println!(
+        "{good_in_run} of {} fragments ({:.0}%) within {:.0}% when predicted in their run's schedule (sharing the link and host threads with the fragments beside them)",
+        fragments.len(),
+        share_in_run * 100.0,
+        args.within * 100.0
+    );
     Ok(())
+}
+
+/// A fragment's demand and the host threads it assumed, from its `predicted_demand` in a
+/// `--stats` file (milliseconds there).
+fn demand(op: &serde_json::Value) -> Option<(Demand, f64)> {
+    let d = op.get("predicted_demand")?;
+    let number = |key: &str| d.get(key).and_then(|v| v.as_f64());
+    let demand = Demand {
+        seconds: number("alone_ms")? / 1e3,
+        link_s: number("link_ms")? / 1e3,
+        host_s: number("host_ms")? / 1e3,
+        decode_threads: number("decode_threads")?,
+        overlapped: d.get("overlapped")?.as_bool()?,
+    };
+    Some((demand, number("host_threads")?))
 }
 
 fn kim(args: KimArgs) -> CliResult {

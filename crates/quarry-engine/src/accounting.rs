@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use datafusion::physical_plan::ExecutionPlan;
 use quarry_model::energy::{DevicePower, DeviceWork, Energy, HostPower, Work};
+use quarry_model::sharing::Demand;
 use serde::Serialize;
 
 use quarry_storage::{operator_io, scan_counter};
@@ -51,6 +52,10 @@ pub struct OperatorStats {
     /// For a fragment: the component the model says bounds it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bound: Option<String>,
+    /// For a fragment: what the model says it asks of the link and the host's threads, which
+    /// fragments running at once share (`quarry model check` stretches its time over the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_demand: Option<PredictedDemand>,
     /// For a fragment: its measured time, milliseconds: the time during which some partition's
     /// consumer waited for its batches, after admission (`crate::fragment_timing`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,6 +70,37 @@ pub struct OperatorStats {
     pub span_ms: Option<[f64; 2]>,
     #[serde(skip)]
     span: Option<(Instant, Instant)>,
+}
+
+/// A fragment's demand on what fragments running at once share, as `--stats` lists it
+/// (milliseconds; [`quarry_model::sharing::Demand`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct PredictedDemand {
+    /// Its time alone.
+    pub alone_ms: f64,
+    /// Of that, on the link.
+    pub link_ms: f64,
+    /// Of that, decoding on the host.
+    pub host_ms: f64,
+    /// The host threads that decoding keeps busy.
+    pub decode_threads: f64,
+    /// The host's threads.
+    pub host_threads: usize,
+    /// Whether its link time overlaps its other work (pushdown).
+    pub overlapped: bool,
+}
+
+impl PredictedDemand {
+    fn of(demand: &Demand, host_threads: usize) -> Self {
+        PredictedDemand {
+            alone_ms: demand.seconds * 1e3,
+            link_ms: demand.link_s * 1e3,
+            host_ms: demand.host_s * 1e3,
+            decode_threads: demand.decode_threads,
+            host_threads,
+            overlapped: demand.overlapped,
+        }
+    }
 }
 
 /// The device's side of a query: what storage nodes spent running its fragments.
@@ -195,8 +231,9 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 compute_ms: node_ns as f64 / 1e6,
                 bytes_read_storage: sum(scan_counter::BYTES_READ),
                 bytes_over_link: sum(scan_counter::LINK_BYTES),
-                predicted_ms: fragment.prediction().map(|(s, _)| s * 1e3),
-                bound: fragment.prediction().map(|(_, b)| b.to_string()),
+                predicted_ms: fragment.prediction().map(|p| p.seconds * 1e3),
+                bound: fragment.prediction().map(|p| p.bound.to_string()),
+                predicted_demand: fragment.prediction().map(|p| PredictedDemand::of(&p.demand, p.host_threads)),
                 measured_ms: fragment.measured_seconds().map(|s| s * 1e3),
                 node_counters: scan_counter::ALL.iter().map(|(name, _)| (*name, sum(name))).collect(),
                 span_ms: None,
@@ -223,6 +260,7 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                     bytes_over_link: 0,
                     predicted_ms: None,
                     bound: None,
+                    predicted_demand: None,
                     measured_ms: None,
                     node_counters: BTreeMap::new(),
                     span_ms: None,
@@ -244,6 +282,7 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
                 bytes_over_link: 0,
                 predicted_ms: None,
                 bound: None,
+                predicted_demand: None,
                 measured_ms: None,
                 node_counters: BTreeMap::new(),
                 span_ms: None,

@@ -32,6 +32,7 @@ use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::{ExecutionPlan, StatisticsArgs, StatisticsContext};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use quarry_model::energy::{DeviceWork, Energy, HostPower, Work, joules};
+use quarry_model::sharing::Demand;
 use quarry_table::PageEncoding;
 use quarry_table::segment::DATA_PAGE_ROWS;
 use quarry_storage::admission::weighted_demand;
@@ -41,7 +42,7 @@ use quarry_storage::{Calibration, LinkCodec, NodeDescription, NodeOp, PageSelect
 use datafusion::physical_expr::utils::collect_columns;
 
 use crate::conjunct_order::evaluation_cost;
-use crate::scan::{FragmentExec, FragmentPartition, JoinFilterPricing, leaves};
+use crate::scan::{FragmentExec, FragmentPartition, FragmentPrediction, JoinFilterPricing, leaves};
 
 /// Whether operators are pushed to storage nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -122,6 +123,9 @@ pub struct Prediction {
     pub bound: &'static str,
     /// The stated rules the prediction fell back on where an estimate or a rate was unknown.
     pub assumed: Vec<String>,
+    /// What the fragment asks of the link and the host's threads, which the fragments running
+    /// beside it share (`quarry model check` stretches its time over a run's schedule).
+    pub demand: Demand,
 }
 
 impl fmt::Display for Placement {
@@ -191,6 +195,11 @@ impl PlacementRule {
     }
 
     /// `prediction` with its energy: the work it predicts over its predicted time.
+    /// What a fragment keeps of `prediction` (its [`Self::fragment_cost`]).
+    fn as_fragment_prediction(&self, prediction: &Prediction) -> FragmentPrediction {
+        FragmentPrediction { seconds: prediction.seconds, bound: prediction.bound, demand: prediction.demand, host_threads: self.host_threads }
+    }
+
     fn priced(&self, mut prediction: Prediction) -> Prediction {
         let mut devices = Vec::with_capacity(prediction.devices.len());
         for (name, work) in &prediction.devices {
@@ -330,6 +339,7 @@ impl PlacementRule {
             joules: None,
             bound: if l.seconds >= r.seconds { l.bound } else { r.bound },
             assumed: l.assumed.into_iter().chain(r.assumed).collect(),
+            demand: if l.seconds >= r.seconds { l.demand } else { r.demand },
         });
         self.placement("HashJoinExec".into(), on_node, on_host)
     }
@@ -398,7 +408,7 @@ impl PlacementRule {
             .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
                 Some(fragment) => {
                     let prediction = self.fragment_cost(fragment.root(), fragment.partitions());
-                    Ok(Transformed::yes(Arc::new(fragment.with_prediction(prediction.seconds, prediction.bound, prediction.assumed)) as Arc<dyn ExecutionPlan>))
+                    Ok(Transformed::yes(Arc::new(fragment.with_prediction(self.as_fragment_prediction(&prediction), prediction.assumed)) as Arc<dyn ExecutionPlan>))
                 }
                 None => Ok(Transformed::no(node)),
             })?
@@ -468,9 +478,11 @@ impl PlacementRule {
         let share = 1.0 / node_names.len().max(1) as f64;
         let mut devices = Vec::with_capacity(node_names.len());
         let mut host_cpu_s = 0.0;
-        let (seconds, bound) = node_names
+        // Per node: its time, the component bounding it, and its demand on the shared link and
+        // host threads (the slowest node's stands for the fragment's).
+        let (seconds, bound, demand) = node_names
             .iter()
-            .map(|name| -> (f64, &'static str) {
+            .map(|name| -> (f64, &'static str, Demand) {
                 let profile = self.nodes.get(*name).map(|d| &d.profile);
                 // Passthrough decodes on the host, a partition per thread; pushdown on the
                 // device's threads, a segment per thread (a node splits a partition's segments
@@ -522,23 +534,26 @@ impl PlacementRule {
                     // in step (TPC-H SF 10 under kim-isp-2015, two partitions: `l_orderkey`
                     // alone 773 ms, its transfer 598 ms and its decoding 175 ms a thread).
                     let (transfer, bound) = if read >= link { (read, "flash read") } else { (link, "link") };
-                    return (transfer + compute, if compute > transfer { "host decode" } else { bound });
+                    let demand = Demand { seconds: transfer + compute, link_s: link, host_s: compute, decode_threads: threads, overlapped: false };
+                    return (transfer + compute, if compute > transfer { "host decode" } else { bound }, demand);
                 }
-                [(compute, "device CPU"), (read, "flash read"), (link, "link"), (receive, "host receive")]
+                let (seconds, bound) = [(compute, "device CPU"), (read, "flash read"), (link, "link"), (receive, "host receive")]
                     .into_iter()
-                    .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a })
+                    .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
+                (seconds, bound, Demand { seconds, link_s: link, host_s: 0.0, decode_threads: 0.0, overlapped: true })
             })
-            .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
+            .fold((0.0, "device CPU", Demand::default()), |a, b| if b.0 > a.0 { b } else { a });
         // Every fragment pays a fixed cost before its first batch, with a part per column its
         // leaves read (and a remote node's, as calibrated on its machine, is the host's round
         // trip at least).
         let fixed = self.host.fixed_ns(leaves.iter().map(|leaf| leaf.schema().fields().len()).sum()) / 1e9;
         let seconds = seconds + fixed;
         let bound = if fixed > seconds / 2.0 { "fixed cost" } else { bound };
+        let demand = Demand { seconds, ..demand };
         if !unmeasured.is_empty() {
             assumed.push(format!("rates of {} not measured: defaults (run quarry calibrate on the machine)", unmeasured.join(", ")));
         }
-        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None, bound, assumed })
+        self.priced(Prediction { link_bytes, seconds, host_cpu_s, devices, joules: None, bound, assumed, demand })
     }
 }
 
@@ -651,9 +666,8 @@ impl PhysicalOptimizerRule for PlacementRule {
 }
 
 impl JoinFilterPricing for PlacementRule {
-    fn predict(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> (f64, &'static str) {
-        let prediction = self.fragment_cost(root, partitions);
-        (prediction.seconds, prediction.bound)
+    fn predict(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> FragmentPrediction {
+        self.as_fragment_prediction(&self.fragment_cost(root, partitions))
     }
 }
 
@@ -1068,7 +1082,7 @@ mod tests {
     }
 
     fn prediction(link_bytes: f64, seconds: f64) -> Prediction {
-        Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU", assumed: Vec::new() }
+        Prediction { link_bytes, seconds, host_cpu_s: 0.0, devices: Vec::new(), joules: None, bound: "device CPU", assumed: Vec::new(), demand: quarry_model::sharing::Demand { seconds, ..Default::default() } }
     }
 
     /// The node must win by 10%, unless it is remote and at least halves the link's bytes:

@@ -32,6 +32,7 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{StreamExt, TryStreamExt};
+use quarry_model::sharing::Demand;
 use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::page_select::Comparison;
 use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, encode_fragment};
@@ -108,8 +109,8 @@ pub struct FragmentExec {
     metrics: ExecutionPlanMetricsSet,
     /// The nodes' closing statistics, by node name.
     node_stats: Arc<Mutex<BTreeMap<String, ScanStats>>>,
-    /// The placement model's predicted seconds and the component bounding them.
-    prediction: Option<(f64, &'static str)>,
+    /// The placement model's prediction.
+    prediction: Option<FragmentPrediction>,
     /// The stated rules the prediction fell back on (unknown estimates or rates).
     assumed: Vec<String>,
     /// When its partitions' consumers waited for it: its measured time.
@@ -130,7 +131,18 @@ pub struct FragmentExec {
     join_filter_pricing: Option<Arc<dyn JoinFilterPricing>>,
     /// The prediction for the fragment as it ran, where its join filters made it a filter on
     /// its node: it replaces `prediction` once set.
-    run_time_prediction: Arc<OnceLock<(f64, &'static str)>>,
+    run_time_prediction: Arc<OnceLock<FragmentPrediction>>,
+}
+
+/// The placement model's prediction of a fragment: its time alone, the component bounding it,
+/// and its demand on what fragments running at once share.
+#[derive(Debug, Clone, Copy)]
+pub struct FragmentPrediction {
+    pub seconds: f64,
+    pub bound: &'static str,
+    pub demand: Demand,
+    /// The host's threads the model assumed.
+    pub host_threads: usize,
 }
 
 /// The placement model's price of a fragment, for a decision made when it runs: a bare
@@ -139,8 +151,8 @@ pub struct FragmentExec {
 /// filtered column faster than the host decodes all of it, and not on a slow device (TPC-H Q10's
 /// `customer` under kim-isp-2015: 3.7 s filtered on the node, 0.27 s predicted as passthrough).
 pub trait JoinFilterPricing: fmt::Debug + Send + Sync {
-    /// The predicted seconds of `root` over `partitions` and the component bounding them.
-    fn predict(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> (f64, &'static str);
+    /// The prediction for `root` over `partitions`.
+    fn predict(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition]) -> FragmentPrediction;
 }
 
 impl FragmentExec {
@@ -340,11 +352,11 @@ impl FragmentExec {
         Ok(fragment)
     }
 
-    /// The same fragment with the placement model's prediction: `seconds`, bounded by `bound`,
-    /// and the stated rules it `assumed`.
-    pub fn with_prediction(&self, seconds: f64, bound: &'static str, assumed: Vec<String>) -> Self {
+    /// The same fragment with the placement model's prediction and the stated rules it
+    /// `assumed`.
+    pub fn with_prediction(&self, prediction: FragmentPrediction, assumed: Vec<String>) -> Self {
         let mut fragment = self.with_root(Arc::clone(&self.root), None).expect("the same root and partitions");
-        fragment.prediction = Some((seconds, bound));
+        fragment.prediction = Some(prediction);
         fragment.assumed = assumed;
         fragment
     }
@@ -359,9 +371,9 @@ impl FragmentExec {
         fragment
     }
 
-    /// The placement model's predicted seconds and bounding component: for the fragment as it
-    /// ran, once its join filters made it a filter on its node.
-    pub fn prediction(&self) -> Option<(f64, &'static str)> {
+    /// The placement model's prediction: for the fragment as it ran, once its join filters
+    /// made it a filter on its node.
+    pub fn prediction(&self) -> Option<FragmentPrediction> {
         self.run_time_prediction.get().copied().or(self.prediction)
     }
 
@@ -504,7 +516,7 @@ struct JoinFilterDecision {
     root: Arc<dyn ExecutionPlan>,
     partitions: Vec<FragmentPartition>,
     /// Where the prediction of the node's filter goes when it is chosen.
-    ran: Arc<OnceLock<(f64, &'static str)>>,
+    ran: Arc<OnceLock<FragmentPrediction>>,
 }
 
 impl JoinFilterDecision {
@@ -536,11 +548,11 @@ impl JoinFilterDecision {
         // default selectivity, in whole percent.
         let percent = (share * 100.0).ceil().clamp(1.0, 100.0) as u8;
         let priced: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(Arc::clone(filter.predicate()), Arc::clone(&self.root))?.with_default_selectivity(percent)?);
-        let (seconds, bound) = self.pricing.predict(&priced, &self.partitions);
-        if seconds >= self.passthrough_s {
+        let prediction = self.pricing.predict(&priced, &self.partitions);
+        if prediction.seconds >= self.passthrough_s {
             return Ok(false);
         }
-        let _ = self.ran.set((seconds, bound));
+        let _ = self.ran.set(prediction);
         Ok(true)
     }
 }
@@ -589,7 +601,7 @@ impl DisplayAs for FragmentExec {
         for decision in &self.decisions {
             write!(f, ", {decision}")?;
         }
-        if let Some((seconds, bound)) = self.prediction {
+        if let Some(FragmentPrediction { seconds, bound, .. }) = self.prediction {
             write!(f, ", predicted {:.1} ms (bound: {bound})", seconds * 1e3)?;
         }
         if !self.assumed.is_empty() {
@@ -645,7 +657,7 @@ impl ExecutionPlan for FragmentExec {
         // Only a fragment that takes join filters has a choice to make.
         let filtered = !join_filters.is_empty() || !key_sets.is_empty();
         let pricing = match (&self.join_filter_pricing, self.prediction) {
-            (Some(pricing), Some((passthrough_s, _))) if filtered => {
+            (Some(pricing), Some(FragmentPrediction { seconds: passthrough_s, .. })) if filtered => {
                 Some(JoinFilterDecision { pricing: Arc::clone(pricing), passthrough_s, root: Arc::clone(&self.root), partitions: self.partitions().to_vec(), ran: Arc::clone(&self.run_time_prediction) })
             }
             _ => None,

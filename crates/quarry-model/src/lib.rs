@@ -7,6 +7,8 @@
 //!   or its flash controllers' logic (eq. (1)-(23)), with Table 3 reproduced.
 //! - [`layout`]: the layout planner's model (HippogriffDB, Li 2018 ch. 2.2): a column layout
 //!   per column for a workload on a device, greedy within twice the optimum.
+//! - [`sharing`]: fragments that run at once sharing the link and the host's threads: each
+//!   one's time alone, stretched over a run's schedule.
 //! - [`energy`]: a query's energy by component from the work it did (bytes read, moved and
 //!   written, CPU time on device and host) and the power figures of its device profiles.
 
@@ -14,3 +16,4 @@ pub mod emos;
 pub mod energy;
 pub mod kim;
 pub mod layout;
+pub mod sharing;
