@@ -350,24 +350,19 @@ fn calibrate_ipc(calibration: &mut Calibration, scratch: &Path) -> CliResult {
     Ok(())
 }
 
-/// The median time, over seven runs, the consumer of `sql`'s one fragment waited for it,
-/// nanoseconds (what `quarry model check` measures). The median, not the least: a fragment's
-/// fixed cost is mostly waiting to be scheduled, whose typical time is what a query's fragments
-/// meet (on one 2-core machine the least of three was 0.39 ms, while a tiny table's fragment
-/// inside a process measured 0.35-1.2 ms, median 0.6 ms, and SSB's tiny dimension fragments,
-/// predicted at 0.45 ms, measured 0.6-1.0 ms).
+/// The least time, over three runs, the consumer of `sql`'s one fragment waited for it,
+/// nanoseconds (what `quarry model check` measures).
 async fn fragment_wait(session: &QuarrySession, sql: &str) -> CliResult<f64> {
-    let mut waits = Vec::with_capacity(7);
-    for _ in 0..7 {
+    let mut least = f64::INFINITY;
+    for _ in 0..3 {
         let result = session.query(sql).await.map_err(|e| user_message(&e))?;
         let waited = result.stats.operators.iter().filter_map(|op| op.measured_ms).fold(f64::NAN, f64::max);
         if waited.is_nan() {
             return Err(format!("calibrating the fragment cost: '{sql}' reported no fragment time"));
         }
-        waits.push(waited * 1e6);
+        least = least.min(waited * 1e6);
     }
-    waits.sort_by(f64::total_cmp);
-    Ok(waits[waits.len() / 2])
+    Ok(least)
 }
 
 /// The least CPU over three runs that a node spent on the one fragment of `sql`, nanoseconds.
