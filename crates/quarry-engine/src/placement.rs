@@ -194,12 +194,12 @@ impl PlacementRule {
         self
     }
 
-    /// `prediction` with its energy: the work it predicts over its predicted time.
     /// What a fragment keeps of `prediction` (its [`Self::fragment_cost`]).
     fn as_fragment_prediction(&self, prediction: &Prediction) -> FragmentPrediction {
         FragmentPrediction { seconds: prediction.seconds, bound: prediction.bound, demand: prediction.demand, host_threads: self.host_threads }
     }
 
+    /// `prediction` with its energy: the work it predicts over its predicted time.
     fn priced(&self, mut prediction: Prediction) -> Prediction {
         let mut devices = Vec::with_capacity(prediction.devices.len());
         for (name, work) in &prediction.devices {
