@@ -104,9 +104,9 @@ fn calibrate(scratch: &Path, rows: u64, threads: usize) -> CliResult<Calibration
 }
 
 /// Passes over every measurement; each figure is the median of its passes'. A pass's figures
-/// are each the best of three runs, yet on a shared 2-core machine one pass's differ from the
-/// next's by up to 4x (four calibrations on one machine: the fixed cost 0.26-1.21 ms, decoding
-/// 2.6-5.0 ns a value): a figure the median of three passes comes from is a typical one.
+/// are each the best of three runs, yet on a shared 2-core machine they vary by up to 4x from
+/// pass to pass (one-pass calibrations on one machine: the fixed cost 0.26-1.21 ms, 2.6-5.0 ns
+/// a value; four calibrations of three passes: 0.34-0.56 ms, 3.7-3.9 ns).
 const PASSES: usize = 3;
 
 /// One pass of the measurements, on the sessions without pushdown (`off`) and with it on one
