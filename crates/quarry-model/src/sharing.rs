@@ -8,8 +8,9 @@
 //! other's bandwidth), and its decoding by how far the host threads it and the others keep
 //! busy exceed the host's. A passthrough fragment takes the link and its decoding in turns (as
 //! the placement model prices it); a pushdown fragment overlaps them, so only a link that now
-//! takes longer than the whole fragment did lengthens it. What is not shared (the fixed cost,
-//! a device's CPU) keeps its time.
+//! takes longer than the whole fragment did lengthens it. What is not shared (a pushdown
+//! fragment's fixed cost, a device's CPU) keeps its time; a passthrough fragment's fixed cost
+//! is the host's work (the placement model counts it in `host_s`).
 //!
 //! The schedule is the run's: when each fragment started (its consumer's first request). From
 //! there the fragments progress at their stretched rates, recomputed whenever one starts or
