@@ -266,6 +266,8 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
     assert re.search(r"^values\s+[\d.]+ ns/value, strings [\d.]+ ns/byte more$", out, re.MULTILINE), out
     printed = re.search(r"^column\s+([\d.]+) ms more a column read$", out, re.MULTILINE)
     assert printed and abs(float(printed[1]) - figures["column_ns"] / 1e6) < 1e-3, out
+    printed = re.search(r"^pruned\s+([\d.]+) ms more a passthrough scan a filter prunes$", out, re.MULTILINE)
+    assert printed and abs(float(printed[1]) - figures["pruned_fragment_ns"] / 1e6) < 1e-3, out
     printed = re.search(r"^node CPU\s+([\d.]+) ms a fragment$", out, re.MULTILINE)
     assert figures["fragment_cpu_ns"] > 0 and printed and abs(float(printed[1]) - figures["fragment_cpu_ns"] / 1e6) < 1e-3, (out, figures)
     assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
@@ -297,6 +299,37 @@ def test_a_fragments_fixed_cost_has_a_part_per_column_it_reads(tmp_path):
     assert abs(every - one - 10.0 * (columns - 1)) < 0.5, (one, every, columns)
     assert abs(one - 11.0) < 0.5, one
     assert abs(predicted("SELECT * FROM t", 0.0) - predicted("SELECT col1 FROM t", 0.0)) < 0.5
+
+
+def test_a_passthrough_scan_a_host_filter_prunes_pays_the_page_index(tmp_path):
+    warehouse = tmp_path / "wh"
+    q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "1000", "--name", "t"], warehouse)
+    figures = {"measured": True, "fragment_ns": 1e6, "column_ns": 0.0, "pruned_fragment_ns": 5e6}
+    (warehouse / ".calibration.json").write_text(json.dumps(figures))
+
+    def predicted(sql, pushdown):
+        explain = q.run_quarry(["sql", f"EXPLAIN {sql}", "--format", "csv", "--pushdown", pushdown], warehouse).stdout
+        found = re.findall(r"predicted ([\d.]+) ms \(bound: ([\w ]+)\)", explain)
+        assert len(found) == 1 and found[0][1] == "fixed cost", explain
+        return float(found[0][0])
+
+    # A bound statistics can prune by: the host's filter becomes the scan's pruning filter.
+    bare, pruned = predicted("SELECT col1 FROM t", "off"), predicted("SELECT col1 FROM t WHERE col2 >= 50000000", "off")
+    assert abs(bare - 1.0) < 0.2 and abs(pruned - bare - 5.0) < 0.2, (bare, pruned)
+    # On the node the filter is the node's: no pruning filter, no page index cost.
+    assert abs(predicted("SELECT col1 FROM t WHERE col2 >= 50000000", "on") - bare) < 0.5
+
+    # A passthrough fragment's fixed cost is the host's work, which fragments beside it stretch;
+    # a pushdown fragment's is not.
+    def demand(pushdown):
+        stats = tmp_path / f"{pushdown}.json"
+        q.run_quarry(["sql", "SELECT col1 FROM t WHERE col2 >= 50000000", "--format", "none", "--pushdown", pushdown, "--stats", stats], warehouse)
+        [fragment] = [op for op in json.loads(stats.read_text())["operators"] if op["operator"] == "FragmentExec"]
+        return fragment["predicted_demand"]
+
+    host_ms = demand("off")["host_ms"]
+    assert 6.0 - 0.2 < host_ms <= demand("off")["alone_ms"] + 1e-6, host_ms
+    assert demand("on")["host_ms"] == 0.0
 
 
 def test_a_devices_fragment_pays_its_setup_at_the_devices_speed(tmp_path):

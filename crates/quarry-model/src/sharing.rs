@@ -23,7 +23,8 @@ pub struct Demand {
     pub seconds: f64,
     /// Of that, sending its bytes over the link.
     pub link_s: f64,
-    /// Of that, decoding on the host (passthrough), spread over `decode_threads`.
+    /// Of that, the host's work (passthrough: decoding, spread over `decode_threads`, and the
+    /// fixed cost).
     pub host_s: f64,
     /// Host threads its decoding keeps busy.
     pub decode_threads: f64,
