@@ -472,7 +472,7 @@ impl PlacementRule {
     /// Predicted time of running `root` on the partitions' nodes: per node, the slowest of
     /// reading, computing and sending its share, the computing at that node's own rates (the
     /// host's, for passthrough, which the host decodes); nodes run in parallel.
-    /// `pruned`: a passthrough fragment's scan is pruned by a filter above it.
+    /// `pruned`: a filter above the fragment prunes its passthrough scan.
     fn fragment_cost(&self, root: &Arc<dyn ExecutionPlan>, partitions: &[FragmentPartition], pruned: bool) -> Prediction {
         let passthrough = root.is::<ScanLeafExec>();
         let leaves = leaves(root);
@@ -560,7 +560,9 @@ impl PlacementRule {
         // leaves read (and a remote node's, as calibrated on its machine, is the host's round
         // trip at least).
         let columns = leaves.iter().map(|leaf| leaf.schema().fields().len()).sum();
-        let fixed = if passthrough { self.host.passthrough_fixed_ns(columns, pruned) } else { self.host.fixed_ns(columns) } / 1e9;
+        // A filter on the node over a leaf filters the scan as a host filter's pruning does.
+        let filtered_on_node = root.exists(|plan| Ok(plan.downcast_ref::<FilterExec>().is_some_and(|f| f.input().is::<ScanLeafExec>()))).expect("visiting a plan cannot fail");
+        let fixed = self.host.filtered_fixed_ns(columns, (passthrough && pruned) || filtered_on_node) / 1e9;
         let seconds = seconds + fixed;
         let bound = if fixed > seconds / 2.0 { "fixed cost" } else { bound };
         // A passthrough fragment's fixed cost is the host's work too (opening the segment,

@@ -195,12 +195,15 @@ pub struct Calibration {
     /// One figure for both, calibrated on eight columns, over-predicted SSB SF 10's `date` and
     /// `supplier` fragments (0.3-0.7 ms) under kim-isp-2015 by up to 93%, 18 of 23 beyond 25%.
     pub column_ns: f64,
-    /// A passthrough fragment's fixed cost more when a filter above it prunes its scan (the
-    /// scan reads and tests the page index before the pages): the time its consumer waits for
-    /// one column of a 1,000-row table under a filter that prunes nothing, less the time
-    /// without (TPC-H SF 10 `nation`, kim-isp-2015, one host thread: 0.38-0.66 ms unfiltered,
-    /// 0.64-0.79 filtered by `n_regionkey = 1`).
-    pub pruned_fragment_ns: f64,
+    /// A fragment's fixed cost more when its scan is filtered: by a filter above it that prunes
+    /// its passthrough scan (which reads and tests the page index before the pages), or by a
+    /// filter on the node over its leaf (a page selection's setup). Measured in passthrough:
+    /// the time its consumer waits for one column of a 1,000-row table under a filter that
+    /// prunes nothing, less the time without. TPC-H SF 10 `nation` filtered by
+    /// `n_regionkey = 1`, each run after a scan of `lineitem`: kim-isp-2015, one host thread,
+    /// 0.38-0.66 ms unfiltered, 0.64-0.79 filtered; native, filtered on the node, 0.43-0.67
+    /// and 0.73-0.97.
+    pub filtered_fragment_ns: f64,
     /// A node's CPU for a fragment beyond its rows' work (decoding the plan, opening its
     /// segments, setting up its operators), per partition: measured on one column of a
     /// 1,000-row table filtered on the node. A device pays it `compute_slowdown` times, which
@@ -257,10 +260,10 @@ impl Calibration {
         self.fragment_ns + columns as f64 * self.column_ns
     }
 
-    /// The fixed cost of a passthrough fragment whose leaves read `columns` columns, `pruned`
-    /// if a filter above it prunes its scan.
-    pub fn passthrough_fixed_ns(&self, columns: usize, pruned: bool) -> f64 {
-        self.fixed_ns(columns) + if pruned { self.pruned_fragment_ns } else { 0.0 }
+    /// The fixed cost of a fragment whose leaves read `columns` columns, its scan `filtered`
+    /// or not.
+    pub fn filtered_fixed_ns(&self, columns: usize, filtered: bool) -> f64 {
+        self.fixed_ns(columns) + if filtered { self.filtered_fragment_ns } else { 0.0 }
     }
 
     /// (compress ns/byte, decompress ns/byte, size ratio) of a link codec.
@@ -294,7 +297,7 @@ impl Default for Calibration {
             // figure existed measured it).
             column_ns: 0.0,
             // Within `fragment_ns` until measured.
-            pruned_fragment_ns: 0.0,
+            filtered_fragment_ns: 0.0,
             // TPC-H SF 10 `region` and `nation` filtered on a node, development machine.
             fragment_cpu_ns: 50.0e3,
             star_probe_ns_per_row: 10.0,
