@@ -405,7 +405,8 @@ impl PlacementRule {
     /// Every fragment of `plan` with the model's prediction for it as it will run (EXPLAIN
     /// shows it; `--stats` sets it beside the measured time for `quarry model check`).
     fn predict_fragments(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        // The fragments under a host filter, which prunes their scans (`pruning_filters`).
+        // The fragments under a host filter, which prunes their scans (`pruning_filters`), by
+        // address: a fragment has no children, so `transform_up` below hands over the same Arc.
         let mut under_filter = HashSet::new();
         plan.apply(|node| {
             if let Some(filter) = node.downcast_ref::<FilterExec>()
