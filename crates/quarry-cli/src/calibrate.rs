@@ -394,21 +394,24 @@ fn calibrate_ipc(calibration: &mut Calibration, scratch: &Path) -> CliResult {
 /// The least time, over three runs, the consumer of `sql`'s one fragment waited for it,
 /// nanoseconds (what `quarry model check` measures).
 async fn fragment_wait(session: &QuarrySession, sql: &str) -> CliResult<f64> {
-    let mut least = f64::INFINITY;
-    for _ in 0..3 {
-        least = least.min(fragment_wait_once(session, sql).await?);
-    }
-    Ok(least)
+    least_fragment_wait(session, None, sql).await
 }
 
-/// The time the consumer of `sql`'s one fragment waited for it in one run, nanoseconds.
-async fn fragment_wait_once(session: &QuarrySession, sql: &str) -> CliResult<f64> {
-    let result = session.query(sql).await.map_err(|e| user_message(&e))?;
-    let waited = result.stats.operators.iter().filter_map(|op| op.measured_ms).fold(f64::NAN, f64::max);
-    if waited.is_nan() {
-        return Err(format!("calibrating the fragment cost: '{sql}' reported no fragment time"));
+/// The least of three runs' fragment waits of `sql`, each run after `before` if given.
+async fn least_fragment_wait(session: &QuarrySession, before: Option<&str>, sql: &str) -> CliResult<f64> {
+    let mut least = f64::INFINITY;
+    for _ in 0..3 {
+        if let Some(before) = before {
+            session.query(before).await.map_err(|e| user_message(&e))?;
+        }
+        let result = session.query(sql).await.map_err(|e| user_message(&e))?;
+        let waited = result.stats.operators.iter().filter_map(|op| op.measured_ms).fold(f64::NAN, f64::max);
+        if waited.is_nan() {
+            return Err(format!("calibrating the fragment cost: '{sql}' reported no fragment time"));
+        }
+        least = least.min(waited * 1e6);
     }
-    Ok(waited * 1e6)
+    Ok(least)
 }
 
 /// [`fragment_wait`] of a tiny fragment that follows a scan of the calibration table, as most
@@ -418,12 +421,7 @@ async fn fragment_wait_once(session: &QuarrySession, sql: &str) -> CliResult<f64
 /// scan of `lineitem`, in one process), and calibrated after itself the fixed cost priced the
 /// suites' `nation`, `region` and `date` fragments at half their time.
 async fn fragment_wait_after_work(session: &QuarrySession, sql: &str) -> CliResult<f64> {
-    let mut least = f64::INFINITY;
-    for _ in 0..3 {
-        session.query("SELECT * FROM calibration").await.map_err(|e| user_message(&e))?;
-        least = least.min(fragment_wait_once(session, sql).await?);
-    }
-    Ok(least)
+    least_fragment_wait(session, Some("SELECT * FROM calibration"), sql).await
 }
 
 /// The least CPU over three runs that a node spent on the one fragment of `sql`, nanoseconds.
