@@ -346,60 +346,102 @@ pub struct NodeDescription {
     pub calibration: Calibration,
 }
 
-/// How long a transfer holds a shared link or flash at a time: the device interleaves
-/// concurrent transfers (NCQ, channel striping), so a 25-row table read while another fragment
-/// streams 26 MB waits for a turn of it, not for all of it (TPC-H SF 10 Q02 under
-/// smartssd-2013: `nation`, 0.5 ms alone, took 20-27 ms queued behind `part`'s reads).
-pub const LINK_TURN: Duration = Duration::from_micros(250);
-
 /// The shortest wait the emulation sleeps: a read of a page or two at the flash's rate takes a
 /// few microseconds, and a sleep for each would cost more CPU in wake-ups than it emulates.
 pub const MIN_WAIT: Duration = Duration::from_micros(50);
 
-/// A shared bandwidth budget: callers reserve bytes and wait until the link could have carried
-/// them. Reservations are made a turn ([`LINK_TURN`]) of bytes at a time, each when the link
-/// is about to reach it, so concurrent transfers share the rate by turns.
+/// A shared bandwidth budget that concurrent transfers share as a fluid: while `n` are in
+/// flight each moves at `1/n` of the rate (processor sharing, the way NCQ and channel striping
+/// interleave a device's requests, and the way `quarry_model::sharing` predicts it). A
+/// 25-row table read beside a fragment streaming 26 MB takes twice its own time, not a queue
+/// of the other's reads (TPC-H SF 10 Q02 under smartssd-2013: `nation`, 0.5 ms alone, took
+/// 20-27 ms behind `part`'s reads when transfers queued whole, and 1-9 ms when they took
+/// 250 µs turns, each reserved a turn ahead).
 #[derive(Debug)]
 pub struct BandwidthLimiter {
     bytes_per_sec: f64,
-    next_free: std::sync::Mutex<Instant>,
+    flows: std::sync::Mutex<Flows>,
     waited_ns: AtomicU64,
+}
+
+/// The transfers in flight, in the virtual time of fair sharing: `served` counts the bytes a
+/// transfer in flight all along would have been given, so one asked at `served = s` for `b`
+/// bytes is done when `served` reaches `s + b`.
+#[derive(Debug)]
+struct Flows {
+    served: f64,
+    at: Instant,
+    /// The `served` value at which each transfer in flight is done.
+    finishes: Vec<f64>,
+}
+
+impl Flows {
+    /// Moves the virtual time on to `now`, retiring the transfers done by then.
+    fn advance(&mut self, now: Instant, bytes_per_sec: f64) {
+        while let Some(&first) = self.finishes.iter().min_by(|a, b| a.total_cmp(b)) {
+            let n = self.finishes.len() as f64;
+            let until_first = Duration::from_secs_f64(((first - self.served) * n / bytes_per_sec).max(0.0));
+            if self.at + until_first > now {
+                self.served += now.duration_since(self.at).as_secs_f64() * bytes_per_sec / n;
+                self.at = now;
+                return;
+            }
+            self.served = first;
+            self.at += until_first;
+            self.finishes.retain(|&f| f > first);
+        }
+        self.at = self.at.max(now);
+    }
+
+    /// When the transfer done at `finish` ends if no other arrives: the ones before it end in
+    /// turn, each leaving its share to the rest.
+    fn projected_end(&self, finish: f64, bytes_per_sec: f64) -> Instant {
+        let mut ahead: Vec<f64> = self.finishes.iter().copied().filter(|&f| f <= finish).collect();
+        ahead.sort_by(f64::total_cmp);
+        let (mut served, mut at, mut n) = (self.served, self.at, self.finishes.len() as f64);
+        for f in ahead {
+            at += Duration::from_secs_f64(((f - served) * n / bytes_per_sec).max(0.0));
+            served = f;
+            n -= 1.0;
+        }
+        at
+    }
 }
 
 impl BandwidthLimiter {
     /// A limiter of `mbps` MB/s.
     pub fn new(mbps: f64) -> Self {
-        BandwidthLimiter { bytes_per_sec: mbps * 1e6, next_free: std::sync::Mutex::new(Instant::now()), waited_ns: AtomicU64::new(0) }
+        let flows = Flows { served: 0.0, at: Instant::now(), finishes: Vec::new() };
+        BandwidthLimiter { bytes_per_sec: mbps * 1e6, flows: std::sync::Mutex::new(flows), waited_ns: AtomicU64::new(0) }
     }
 
-    /// Waits until `bytes` more have crossed at the rate, sharing it by turns with the other
-    /// callers; returns the time waited. Sleeps are precise (`precise_sleep`); a wait shorter
-    /// than [`MIN_WAIT`] is not slept but stays on the schedule, for the next caller to pay.
+    /// Waits until `bytes` more have crossed at this transfer's fair share of the rate; returns
+    /// the time waited. The end is re-projected whenever the sleep ends, as transfers that
+    /// arrived meanwhile slow it. Sleeps are precise (`precise_sleep`); a wait shorter than
+    /// [`MIN_WAIT`] is not slept but the transfer stays in flight, for the others to share with.
     pub async fn consume(&self, bytes: u64) -> Duration {
         let asked = Instant::now();
-        let turn_bytes = ((self.bytes_per_sec * LINK_TURN.as_secs_f64()) as u64).max(1);
-        let mut left = bytes;
-        let mut done = asked;
-        while left > 0 {
-            let turn = left.min(turn_bytes);
-            left -= turn;
-            done = {
-                let mut next = self.next_free.lock().expect("limiter lock");
-                let start = (*next).max(Instant::now());
-                *next = start + Duration::from_secs_f64(turn as f64 / self.bytes_per_sec);
-                *next
+        let finish = {
+            let mut flows = self.flows.lock().expect("limiter lock");
+            flows.advance(asked, self.bytes_per_sec);
+            let finish = flows.served + bytes as f64;
+            flows.finishes.push(finish);
+            finish
+        };
+        loop {
+            let end = {
+                let mut flows = self.flows.lock().expect("limiter lock");
+                let now = Instant::now();
+                flows.advance(now, self.bytes_per_sec);
+                if flows.served >= finish {
+                    break;
+                }
+                flows.projected_end(finish, self.bytes_per_sec)
             };
-            // The next turn is reserved once the link nears the end of this one, so that a
-            // transfer asking meanwhile gets the turn between.
-            if left > 0
-                && let Some(near) = done.checked_sub(LINK_TURN)
-                && near > Instant::now() + MIN_WAIT
-            {
-                crate::precise_sleep::sleep_until(near).await;
+            if end <= Instant::now() + MIN_WAIT {
+                break;
             }
-        }
-        if done > Instant::now() + MIN_WAIT {
-            crate::precise_sleep::sleep_until(done).await;
+            crate::precise_sleep::sleep_until(end).await;
         }
         let wait = asked.elapsed();
         self.waited_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);

@@ -337,10 +337,12 @@ fn segment_reads_split_to_the_limit_and_join_back() {
 }
 
 /// An emulated link charges every transfer its time, even one shorter than tokio's 1 ms
-/// tick, and a short transfer beside a long one waits for a turn of the link, not for all of
-/// the long one (the limiter once let waits under 2 ms go unslept and queued transfers whole).
+/// tick, and transfers at once share it as a fluid: one beside another takes twice its time
+/// alone, and a tiny one beside eight long ones is not queued behind them (the limiter once
+/// queued transfers whole, then by 250 µs turns, so a 1 KB read beside eight streams waited
+/// over 2 ms for its turn).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_link_charges_short_transfers_and_shares_itself_by_turns() {
+async fn a_link_charges_short_transfers_and_shares_itself_fairly() {
     use quarry_storage::BandwidthLimiter;
     use std::time::{Duration, Instant};
     let link = Arc::new(BandwidthLimiter::new(100.0));
@@ -349,19 +351,32 @@ async fn a_link_charges_short_transfers_and_shares_itself_by_turns() {
     link.consume(100_000).await;
     assert!(started.elapsed() >= Duration::from_micros(950), "{:?}", started.elapsed());
 
-    // 10 MB: 100 ms; 1 KB asked 5 ms into it.
-    let started = Instant::now();
-    let long = tokio::spawn({
+    let long = |bytes: u64| {
         let link = Arc::clone(&link);
-        async move { link.consume(10_000_000).await }
-    });
+        tokio::spawn(async move { link.consume(bytes).await })
+    };
+    // 100 KB beside a 10 MB stream: 2 ms, its half of the link.
+    let stream = long(10_000_000);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let asked = Instant::now();
+    link.consume(100_000).await;
+    let shared = asked.elapsed();
+    assert!(shared >= Duration::from_micros(1900) && shared < Duration::from_millis(4), "100 KB beside one stream took {shared:?}");
+    stream.await.unwrap();
+
+    // 1 KB beside eight 1 MB streams: 90 µs at its ninth of the link (by 250 µs turns it
+    // waited over 2 ms); all 8 MB take 80 ms.
+    let started = Instant::now();
+    let streams: Vec<_> = (0..8).map(|_| long(1_000_000)).collect();
     tokio::time::sleep(Duration::from_millis(5)).await;
     let asked = Instant::now();
     link.consume(1_000).await;
-    let short = asked.elapsed();
-    long.await.unwrap();
-    assert!(short < Duration::from_millis(20), "the short transfer waited {short:?}");
-    assert!(started.elapsed() >= Duration::from_millis(100), "{:?}", started.elapsed());
+    let tiny = asked.elapsed();
+    for stream in streams {
+        stream.await.unwrap();
+    }
+    assert!(tiny < Duration::from_millis(1), "1 KB beside eight streams waited {tiny:?}");
+    assert!(started.elapsed() >= Duration::from_millis(80), "{:?}", started.elapsed());
 }
 
 /// Writes go through the `StorageNode` seam: a write commits as one version, an aborted one
