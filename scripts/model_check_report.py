@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profiles", default=",".join(PROFILES))
     parser.add_argument("--within", type=float, default=0.25)
     parser.add_argument("--calibrate", action="store_true", help="measure the rates first (restored afterwards)")
+    parser.add_argument("--stats-dir", default=None,
+                        help="keep each run's --stats file here (default: a temporary directory, removed)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each query, each in a process of its own; a fragment's measured time is the median")
     args = parser.parse_args(argv)
@@ -80,7 +82,9 @@ def report(args, argv, rates) -> int:
     failed = False
     evicted = evict_from_page_cache(Path(args.warehouse))
     text.append(f"# evicted from the page cache before the runs: {evicted} segment files")
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as temporary:
+        scratch = args.stats_dir or temporary
+        Path(scratch).mkdir(parents=True, exist_ok=True)
         for profile in args.profiles.split(","):
             stats_files, failures = [], []
             for path in files:

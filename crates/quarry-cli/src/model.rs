@@ -178,6 +178,8 @@ fn demand(op: &serde_json::Value) -> Option<(Demand, f64)> {
         host_s: number("host_ms")? / 1e3,
         decode_threads: number("decode_threads")?,
         overlapped: d.get("overlapped")?.as_bool()?,
+        // Stats written before streams were counted: one.
+        link_streams: number("link_streams").unwrap_or(1.0),
     };
     Some((demand, number("host_threads")?))
 }

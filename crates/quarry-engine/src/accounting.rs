@@ -88,6 +88,8 @@ pub struct PredictedDemand {
     pub host_threads: usize,
     /// Whether its link time overlaps its other work (pushdown).
     pub overlapped: bool,
+    /// Its transfers in flight on the link while it sends (its partitions).
+    pub link_streams: f64,
 }
 
 impl PredictedDemand {
@@ -99,6 +101,7 @@ impl PredictedDemand {
             decode_threads: demand.decode_threads,
             host_threads,
             overlapped: demand.overlapped,
+            link_streams: demand.link_streams,
         }
     }
 }

@@ -505,6 +505,8 @@ impl PlacementRule {
                 // 3 threads).
                 let on_node: Vec<&FragmentPartition> = partitions.iter().filter(|p| p.node.name() == *name).collect();
                 let streams = on_node.len().min(self.host_threads).max(1) as f64;
+                // Every partition sends at once (the link is shared per transfer in flight).
+                let link_streams = on_node.len().max(1) as f64;
                 let (threads, slowdown) = match profile {
                     Some(p) if !passthrough => {
                         let segments: usize = on_node.iter().map(|p| p.leaves.iter().map(|(_, s)| s.len()).max().unwrap_or(0)).sum();
@@ -548,13 +550,13 @@ impl PlacementRule {
                     // in step (TPC-H SF 10 under kim-isp-2015, two partitions: `l_orderkey`
                     // alone 773 ms, its transfer 598 ms and its decoding 175 ms a thread).
                     let (transfer, bound) = if read >= link { (read, "flash read") } else { (link, "link") };
-                    let demand = Demand { seconds: transfer + compute, link_s: link, host_s: compute, decode_threads: threads, overlapped: false };
+                    let demand = Demand { seconds: transfer + compute, link_s: link, host_s: compute, decode_threads: threads, overlapped: false, link_streams };
                     return (transfer + compute, if compute > transfer { "host decode" } else { bound }, demand);
                 }
                 let (seconds, bound) = [(compute, "device CPU"), (read, "flash read"), (link, "link"), (receive, "host receive")]
                     .into_iter()
                     .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
-                (seconds, bound, Demand { seconds, link_s: link, host_s: 0.0, decode_threads: 0.0, overlapped: true })
+                (seconds, bound, Demand { seconds, link_s: link, host_s: 0.0, decode_threads: 0.0, overlapped: true, link_streams })
             })
             .fold((0.0, "device CPU", Demand::default()), |a, b| if b.0 > a.0 { b } else { a });
         // Every fragment pays a fixed cost before its first batch, with a part per column its

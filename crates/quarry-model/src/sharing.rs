@@ -4,8 +4,10 @@
 //! Each fragment brings its demand as priced alone: its time, the part of it on the link, the
 //! part decoding on the host (passthrough) and the host threads that decoding keeps busy. While
 //! others run, a fragment's link time stretches by the share of the link they use (each the
-//! share of its own time alone it spends on the link: two link-bound fragments halve each
-//! other's bandwidth), and its decoding by how far the host threads it and the others keep
+//! share of its own time alone it spends on the link, times its transfers in flight on it,
+//! its partitions, over the fragment's own: the link is shared per transfer, so two link-bound
+//! fragments of one partition halve each other's bandwidth and one of two partitions takes two
+//! thirds of it beside one of one), and its decoding by how far the host threads it and the others keep
 //! busy exceed the host's. A passthrough fragment takes the link and its decoding in turns (as
 //! the placement model prices it); a pushdown fragment overlaps them, so only a link that now
 //! takes longer than the whole fragment did lengthens it. What is not shared (a pushdown
@@ -31,6 +33,9 @@ pub struct Demand {
     /// Whether its link time overlaps its other work (pushdown) rather than taking turns with
     /// it (passthrough: a row group's chunks are fetched, then decoded).
     pub overlapped: bool,
+    /// Its transfers in flight on the link while it sends: its partitions, each a stream
+    /// (below 1 counts as 1).
+    pub link_streams: f64,
 }
 
 impl Demand {
@@ -39,15 +44,24 @@ impl Demand {
         if self.seconds > 0.0 { (self.link_s / self.seconds).min(1.0) } else { 0.0 }
     }
 
+    fn streams(&self) -> f64 {
+        self.link_streams.max(1.0)
+    }
+
+    /// The transfers it keeps in flight on the link on average over its time alone.
+    fn link_load(&self) -> f64 {
+        self.link_use() * self.streams()
+    }
+
     /// The host threads it keeps busy on average over its time alone.
     fn host_use(&self) -> f64 {
         if self.seconds > 0.0 { self.decode_threads * (self.host_s / self.seconds).min(1.0) } else { 0.0 }
     }
 
-    /// Its time were it to run as long as beside others using `link_others` of the link and
-    /// `threads_others` of the host's `host_threads`.
+    /// Its time were it to run as long as beside others keeping `link_others` transfers in
+    /// flight on the link and `threads_others` of the host's `host_threads` busy.
     fn stretched(&self, link_others: f64, threads_others: f64, host_threads: f64) -> f64 {
-        let link = self.link_s * (1.0 + link_others);
+        let link = self.link_s * (1.0 + link_others / self.streams());
         let decode = self.host_s * ((self.decode_threads + threads_others) / host_threads.max(1.0)).max(1.0);
         if self.overlapped {
             self.seconds.max(link)
@@ -81,13 +95,13 @@ pub fn in_run(demands: &[Demand], starts: &[f64], host_threads: f64) -> Vec<f64>
             now = next_start;
             continue;
         }
-        let (link_all, threads_all): (f64, f64) = running.iter().fold((0.0, 0.0), |(l, t), &i| (l + demands[i].link_use(), t + demands[i].host_use()));
+        let (link_all, threads_all): (f64, f64) = running.iter().fold((0.0, 0.0), |(l, t), &i| (l + demands[i].link_load(), t + demands[i].host_use()));
         // Each running fragment's rate of progress while the running set stays as it is.
         let rates: Vec<f64> = running
             .iter()
             .map(|&i| {
                 let d = &demands[i];
-                1.0 / d.stretched(link_all - d.link_use(), threads_all - d.host_use(), host_threads)
+                1.0 / d.stretched(link_all - d.link_load(), threads_all - d.host_use(), host_threads)
             })
             .collect();
         let to_end = running.iter().zip(&rates).map(|(&i, rate)| (1.0 - done[i]) / rate).fold(f64::INFINITY, f64::min);
@@ -109,7 +123,7 @@ mod tests {
     use super::*;
 
     fn passthrough(seconds: f64, link_s: f64, host_s: f64, decode_threads: f64) -> Demand {
-        Demand { seconds, link_s, host_s, decode_threads, overlapped: false }
+        Demand { seconds, link_s, host_s, decode_threads, overlapped: false, link_streams: 1.0 }
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -129,6 +143,16 @@ mod tests {
         let link = |s| passthrough(s, s, 0.0, 1.0);
         let times = in_run(&[link(1.0), link(4.0)], &[0.0, 0.0], 2.0);
         assert!(close(times[0], 2.0) && close(times[1], 5.0), "{times:?}");
+    }
+
+    #[test]
+    fn the_link_is_shared_per_transfer_in_flight() {
+        // A one-partition fragment of 1 s on the link beside a two-partition one of 6 s: it
+        // gets a third of the link (3 s); in those 3 s the other sends 2 s of its 6 s at two
+        // thirds, then the last 4 s alone (7 s).
+        let link = |s, streams| Demand { link_streams: streams, ..passthrough(s, s, 0.0, 1.0) };
+        let times = in_run(&[link(1.0, 1.0), link(6.0, 2.0)], &[0.0, 0.0], 2.0);
+        assert!(close(times[0], 3.0) && close(times[1], 7.0), "{times:?}");
     }
 
     #[test]
@@ -154,7 +178,7 @@ mod tests {
     fn a_pushdown_fragment_hides_a_slower_link_behind_its_device_work() {
         // Device-bound (1 s, of which 0.2 s of link overlapped): beside a link-bound passthrough
         // its link time doubles to 0.4 s, still under its device time.
-        let pushdown = Demand { seconds: 1.0, link_s: 0.2, host_s: 0.0, decode_threads: 0.0, overlapped: true };
+        let pushdown = Demand { seconds: 1.0, link_s: 0.2, host_s: 0.0, decode_threads: 0.0, overlapped: true, link_streams: 1.0 };
         let times = in_run(&[pushdown, passthrough(10.0, 10.0, 0.0, 1.0)], &[0.0, 0.0], 2.0);
         assert!(close(times[0], 1.0), "{times:?}");
         // The passthrough sends at 1/1.2 of its rate for that second: 1/12 of it is done, then
