@@ -90,6 +90,8 @@ pub struct PredictedDemand {
     pub overlapped: bool,
     /// Its transfers in flight on the link while it sends (its partitions).
     pub link_streams: f64,
+    /// Of `host_ms`, the fixed cost a passthrough fragment pays first, on one host thread.
+    pub fixed_ms: f64,
 }
 
 impl PredictedDemand {
@@ -102,6 +104,7 @@ impl PredictedDemand {
             host_threads,
             overlapped: demand.overlapped,
             link_streams: demand.link_streams,
+            fixed_ms: demand.fixed_s * 1e3,
         }
     }
 }
