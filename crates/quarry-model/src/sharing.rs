@@ -8,14 +8,14 @@
 //! its partitions, over the fragment's own: the link is shared per transfer, so two link-bound
 //! fragments of one partition halve each other's bandwidth and one of two partitions takes two
 //! thirds of it beside one of one), and its decoding by how far the host threads it and the
-//! others keep busy exceed the host's. A passthrough fragment takes the link and its decoding in turns (as
-//! the placement model prices it); a pushdown fragment overlaps them, so only a link that now
-//! takes longer than the whole fragment did lengthens it. What is not shared (a pushdown
-//! fragment's fixed cost, a device's CPU) keeps its time; a passthrough fragment's fixed cost
-//! is the host's work (the placement model counts it in `host_s`), paid first, on one thread,
-//! before its first transfer: fragments that start together contend for the host then, not
-//! over their whole time (TPC-H SF 10 q08 under kim-isp-2015: `region` and `nation`, 0.6 ms of
-//! fixed cost each, took 1.2-1.4 ms opening beside `customer` and `part`).
+//! others keep busy exceed the host's. A passthrough fragment takes the link and its decoding
+//! in turns (as the placement model prices it); a pushdown fragment overlaps them, so only a
+//! link that now takes longer than the whole fragment did lengthens it. What is not shared (a
+//! pushdown fragment's fixed cost, a device's CPU) keeps its time; a passthrough fragment's
+//! fixed cost is the host's work (the placement model counts it in `host_s`), paid first, on
+//! one thread, before its first transfer: fragments that start together contend for the host
+//! then, not over their whole time (TPC-H SF 10 q08 under kim-isp-2015: `region` and `nation`,
+//! 0.6 ms of fixed cost each, took 1.2-1.4 ms opening beside `customer` and `part`).
 //!
 //! The schedule is the run's: when each fragment started (its consumer's first request). From
 //! there the fragments progress at their stretched rates, recomputed whenever one starts or
