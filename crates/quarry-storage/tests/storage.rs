@@ -338,9 +338,10 @@ fn segment_reads_split_to_the_limit_and_join_back() {
 
 /// An emulated link charges every transfer its time, even one shorter than tokio's 1 ms
 /// tick, and transfers at once share it as a fluid: one beside another takes twice its time
-/// alone, and a tiny one beside eight long ones is not queued behind them (the limiter once
-/// queued transfers whole, then by 250 µs turns, so a 1 KB read beside eight streams waited
-/// over 2 ms for its turn).
+/// alone, and a tiny one beside forty long ones is not queued behind them (the limiter once
+/// queued transfers whole, then by 250 µs turns, so a 1 KB read beside forty streams waited
+/// about 10 ms for its turn). The bounds leave milliseconds for a loaded machine's wake-ups:
+/// under the whole suite on 2 cores a 90 µs wait took 1.7 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_charges_short_transfers_and_shares_itself_fairly() {
     use quarry_storage::BandwidthLimiter;
@@ -355,19 +356,20 @@ async fn a_link_charges_short_transfers_and_shares_itself_fairly() {
         let link = Arc::clone(&link);
         tokio::spawn(async move { link.consume(bytes).await })
     };
-    // 100 KB beside a 10 MB stream: 2 ms, its half of the link.
+    // 100 KB beside a 10 MB stream: 2 ms, its half of the link (queued behind the stream
+    // whole, about 100 ms).
     let stream = long(10_000_000);
     tokio::time::sleep(Duration::from_millis(5)).await;
     let asked = Instant::now();
     link.consume(100_000).await;
     let shared = asked.elapsed();
-    assert!(shared >= Duration::from_micros(1900) && shared < Duration::from_millis(4), "100 KB beside one stream took {shared:?}");
+    assert!(shared >= Duration::from_micros(1900) && shared < Duration::from_millis(20), "100 KB beside one stream took {shared:?}");
     stream.await.unwrap();
 
-    // 1 KB beside eight 1 MB streams: 90 µs at its ninth of the link (by 250 µs turns it
-    // waited over 2 ms); all 8 MB take 80 ms.
+    // 1 KB beside forty 250 KB streams: 0.4 ms at its forty-first of the link; all 10 MB take
+    // 100 ms.
     let started = Instant::now();
-    let streams: Vec<_> = (0..8).map(|_| long(1_000_000)).collect();
+    let streams: Vec<_> = (0..40).map(|_| long(250_000)).collect();
     tokio::time::sleep(Duration::from_millis(5)).await;
     let asked = Instant::now();
     link.consume(1_000).await;
@@ -375,8 +377,8 @@ async fn a_link_charges_short_transfers_and_shares_itself_fairly() {
     for stream in streams {
         stream.await.unwrap();
     }
-    assert!(tiny < Duration::from_millis(1), "1 KB beside eight streams waited {tiny:?}");
-    assert!(started.elapsed() >= Duration::from_millis(80), "{:?}", started.elapsed());
+    assert!(tiny < Duration::from_millis(5), "1 KB beside forty streams waited {tiny:?}");
+    assert!(started.elapsed() >= Duration::from_millis(100), "{:?}", started.elapsed());
 }
 
 /// Writes go through the `StorageNode` seam: a write commits as one version, an aborted one
