@@ -371,14 +371,14 @@ pub struct BandwidthLimiter {
 struct Flows {
     served: f64,
     at: Instant,
-    /// The `served` value at which each transfer in flight is done.
+    /// The `served` value at which each transfer in flight is done, ascending.
     finishes: Vec<f64>,
 }
 
 impl Flows {
     /// Moves the virtual time on to `now`, retiring the transfers done by then.
     fn advance(&mut self, now: Instant, bytes_per_sec: f64) {
-        while let Some(&first) = self.finishes.iter().min_by(|a, b| a.total_cmp(b)) {
+        while let Some(&first) = self.finishes.first() {
             let n = self.finishes.len() as f64;
             let until_first = Duration::from_secs_f64(((first - self.served) * n / bytes_per_sec).max(0.0));
             if self.at + until_first > now {
@@ -388,18 +388,23 @@ impl Flows {
             }
             self.served = first;
             self.at += until_first;
-            self.finishes.retain(|&f| f > first);
+            let done = self.finishes.partition_point(|&f| f <= first);
+            self.finishes.drain(..done);
         }
         self.at = self.at.max(now);
+    }
+
+    /// Puts a transfer in flight that is done when `served` reaches `finish`.
+    fn start(&mut self, finish: f64) {
+        let at = self.finishes.partition_point(|&f| f <= finish);
+        self.finishes.insert(at, finish);
     }
 
     /// When the transfer done at `finish` ends if no other arrives: the ones before it end in
     /// turn, each leaving its share to the rest.
     fn projected_end(&self, finish: f64, bytes_per_sec: f64) -> Instant {
-        let mut ahead: Vec<f64> = self.finishes.iter().copied().filter(|&f| f <= finish).collect();
-        ahead.sort_by(f64::total_cmp);
         let (mut served, mut at, mut n) = (self.served, self.at, self.finishes.len() as f64);
-        for f in ahead {
+        for &f in self.finishes.iter().take_while(|&&f| f <= finish) {
             at += Duration::from_secs_f64(((f - served) * n / bytes_per_sec).max(0.0));
             served = f;
             n -= 1.0;
@@ -425,7 +430,7 @@ impl BandwidthLimiter {
             let mut flows = self.flows.lock().expect("limiter lock");
             flows.advance(asked, self.bytes_per_sec);
             let finish = flows.served + bytes as f64;
-            flows.finishes.push(finish);
+            flows.start(finish);
             finish
         };
         loop {
