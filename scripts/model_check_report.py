@@ -74,10 +74,11 @@ def report(args, argv, rates) -> int:
     out.mkdir(parents=True, exist_ok=True)
     files = q.select_query_files(args.suite, args.queries)
     record = {"command": shlex.join([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])]),
-              "git": q.git_state(), "quarry_bin": q.binary_info(), "warehouse": args.warehouse, "within": args.within,
+              "git": q.git_state(), "quarry_bin": q.binary_info(), "machine": q.machine_info(), "warehouse": args.warehouse, "within": args.within,
               "rates": rates, "profiles": {}}
     text = [f"# placement model vs measured fragment time, {args.suite} queries, warehouse {args.warehouse}",
             f"# {record['command']}", f"# commit {record['git'].get('commit')} (dirty: {record['git'].get('dirty')})",
+            f"# machine: {json.dumps(record['machine'])}",
             f"# rates: {json.dumps(rates) if isinstance(rates, dict) else rates}"]
     failed = False
     evicted = evict_from_page_cache(Path(args.warehouse))

@@ -1009,6 +1009,34 @@ def git_state(repo: str | os.PathLike = REPO_ROOT) -> dict:
             "changed": changed}
 
 
+def machine_info() -> dict:
+    """The CPU (name, family and model: a virtual machine's name may say little), its cores,
+    last-level cache, memory and kernel of the machine measuring: a calibrated rate or a
+    measured time belongs to it (the calibrated fixed cost of a fragment was 0.71 ms in one
+    session of this project and 0.44 ms in the next)."""
+    import platform
+
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "kernel": platform.release()}
+    try:
+        fields = {"model name": "cpu", "cpu family": "cpu_family", "model": "cpu_model"}
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in fields:
+                info.setdefault(fields[key.strip()], value.strip())
+            elif not line.strip():
+                break
+        caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))
+        if caches:
+            info["last_level_cache"] = (caches[-1] / "size").read_text(encoding="utf-8").strip()
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
+                break
+    except OSError as e:
+        info["error"] = str(e)
+    return info
+
+
 def binary_info(path: str | None = None) -> dict:
     """Path, size, modification time and ``--version`` of the quarry binary (which may have been
     built from a different tree than the checked-out commit)."""
