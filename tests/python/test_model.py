@@ -178,11 +178,13 @@ def test_model_check_compares_predicted_and_measured_fragment_times(tpch_warehou
         assert abs(f["error"] - (f["predicted_ms"] / f["measured_ms"] - 1)) < 1e-9, f
     assert doc["good"] == sum(1 for f in doc["fragments"] if abs(f["error"]) <= 0.25)
     # Each fragment states its demand on what fragments running at once share; stretched over
-    # the run, no fragment is predicted faster than alone.
+    # the run, no fragment is predicted faster than alone, less what a warm opening saves.
     for op in fragments:
         d = op["predicted_demand"]
         assert abs(d["alone_ms"] - op["predicted_ms"]) < 1e-6 and d["link_ms"] + d["host_ms"] <= d["alone_ms"] + 1e-6, op
-    assert all(f["predicted_in_run_ms"] >= f["predicted_ms"] * (1 - 1e-9) for f in doc["fragments"]), doc["fragments"]
+        assert 0 <= d["warm_saving_ms"] <= d["fixed_ms"], op
+    demands = [op["predicted_demand"] for r in runs for op in r["operators"] if op["operator"] == "FragmentExec"]
+    assert all(f["predicted_in_run_ms"] >= (f["predicted_ms"] - d["warm_saving_ms"]) * (1 - 1e-9) for f, d in zip(doc["fragments"], demands)), doc["fragments"]
     assert doc["good_in_run"] == sum(1 for f in doc["fragments"] if abs(f["error_in_run"]) <= 0.25)
     bad = q.run_quarry(["model", "check", tmp_path / "on.json", "--within", "0"], check=False)
     assert bad.returncode != 0 and "--within" in bad.stderr
@@ -212,6 +214,25 @@ def test_model_check_stretches_fragments_that_share_the_link_over_their_run(tmp_
     assert doc["good"] == 4 and doc["good_in_run"] == 2, doc
     text = q.run_quarry(["model", "check", together, apart]).stdout
     assert "2 of 4 fragments (50%) within 25% when predicted in their run's schedule" in text, text
+
+
+def _opening_fragment(table, start_ms):
+    """A passthrough fragment that is all fixed cost, 1 ms of it, 0.4 ms saved warm."""
+    return {"operator": "FragmentExec", "table": table, "bound": "fixed cost", "predicted_ms": 1.0, "measured_ms": 0.6,
+            "span_ms": [start_ms, start_ms + 0.6],
+            "predicted_demand": {"alone_ms": 1.0, "link_ms": 0.0, "host_ms": 1.0, "decode_threads": 1.0, "host_threads": 2,
+                                 "overlapped": False, "fixed_ms": 1.0, "warm_saving_ms": 0.4}}
+
+
+def test_model_check_saves_an_opening_right_after_another_its_warm_part(tmp_path):
+    # `date` opens 0.5 ms after `supplier`'s opening ended: 0.6 ms, as measured; `part`, 10 ms
+    # after, pays its whole fixed cost; so does `supplier`, the first.
+    run = tmp_path / "star.json"
+    run.write_text(json.dumps({"operators": [_opening_fragment("supplier", 0.0), _opening_fragment("date", 1.5),
+                                             _opening_fragment("part", 12.1)]}))
+    doc = json.loads(q.run_quarry(["model", "check", run, "--json"]).stdout)
+    assert [round(f["predicted_in_run_ms"], 6) for f in doc["fragments"]] == [1.0, 0.6, 1.0], doc
+    assert doc["good"] == 0 and doc["good_in_run"] == 1, doc
 
 
 # `Calibration::default()`'s figures for the rates `quarry calibrate` measures beyond the first
@@ -268,6 +289,9 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
     assert printed and abs(float(printed[1]) - figures["column_ns"] / 1e6) < 1e-3, out
     printed = re.search(r"^filtered\s+([\d.]+) ms more a fragment whose scan is filtered$", out, re.MULTILINE)
     assert printed and abs(float(printed[1]) - figures["filtered_fragment_ns"] / 1e6) < 1e-3, out
+    printed = re.search(r"^warm\s+([\d.]+) ms less a fragment opening right after another$", out, re.MULTILINE)
+    assert printed and abs(float(printed[1]) - figures["warm_fragment_saving_ns"] / 1e6) < 1e-3, out
+    assert 0 <= figures["warm_fragment_saving_ns"] <= figures["fragment_ns"] + figures["column_ns"], figures
     printed = re.search(r"^node CPU\s+([\d.]+) ms a fragment$", out, re.MULTILINE)
     assert figures["fragment_cpu_ns"] > 0 and printed and abs(float(printed[1]) - figures["fragment_cpu_ns"] / 1e6) < 1e-3, (out, figures)
     assert set(_assumed_unmeasured(warehouse, sql, "--pushdown", "on")) == {None}
@@ -281,14 +305,26 @@ def test_calibrate_measures_the_rates_and_explain_says_which_are_defaults(tmp_pa
         assert set(_assumed_unmeasured(host, sql, "--nodes", node.arg, "--pushdown", "on")) == {None}
 
 
-def test_a_fragments_fixed_cost_has_a_part_per_column_it_reads(tmp_path):
+def _tiny_table(tmp_path):
+    """A warehouse holding `t`: 1,000 rows of four columns, which decode in microseconds, so a
+    fragment over it is all fixed cost."""
     warehouse = tmp_path / "wh"
     q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "1000", "--name", "t"], warehouse)
+    return warehouse
+
+
+def _calibrated(warehouse, **figures):
+    """Writes a calibration of a 1 ms fixed cost, none a column, and `figures`."""
+    (warehouse / ".calibration.json").write_text(json.dumps({"measured": True, "fragment_ns": 1e6, "column_ns": 0.0, **figures}))
+
+
+def test_a_fragments_fixed_cost_has_a_part_per_column_it_reads(tmp_path):
+    warehouse = _tiny_table(tmp_path)
     columns = len(q.run_quarry(["sql", "SELECT * FROM t LIMIT 1", "--format", "csv"], warehouse).stdout.splitlines()[0].split(","))
     assert columns >= 4
 
     def predicted(sql, column_ns):
-        (warehouse / ".calibration.json").write_text(json.dumps({"measured": True, "fragment_ns": 1e6, "column_ns": column_ns}))
+        _calibrated(warehouse, column_ns=column_ns)
         explain = q.run_quarry(["sql", f"EXPLAIN {sql}", "--format", "csv", "--pushdown", "off"], warehouse).stdout
         found = re.findall(r"predicted ([\d.]+) ms \(bound: ([\w ]+)\)", explain)
         assert len(found) == 1 and found[0][1] == "fixed cost", explain
@@ -301,11 +337,27 @@ def test_a_fragments_fixed_cost_has_a_part_per_column_it_reads(tmp_path):
     assert abs(predicted("SELECT * FROM t", 0.0) - predicted("SELECT col1 FROM t", 0.0)) < 0.5
 
 
+def test_a_passthrough_fragment_states_what_its_opening_saves_warm(tmp_path):
+    warehouse = _tiny_table(tmp_path)
+
+    def demand(saving_ns, pushdown):
+        _calibrated(warehouse, warm_fragment_saving_ns=saving_ns)
+        stats = _stats_of(warehouse, tmp_path, "SELECT col1 FROM t WHERE col2 < col3", "--pushdown", pushdown)
+        (op,) = [op for op in stats["operators"] if op["operator"] == "FragmentExec"]
+        return op["predicted_demand"]
+
+    d = demand(3e5, "off")
+    assert d["fixed_ms"] >= 1.0 and abs(d["warm_saving_ms"] - 0.3) < 1e-6, d
+    # It saves at most its fixed cost; a pushdown fragment's (the filter on the node) overlaps
+    # its other work.
+    d = demand(5e6, "off")
+    assert abs(d["warm_saving_ms"] - d["fixed_ms"]) < 1e-6, d
+    assert demand(3e5, "on")["warm_saving_ms"] == 0.0
+
+
 def test_a_fragment_whose_scan_is_filtered_pays_a_fixed_cost_more(tmp_path):
-    warehouse = tmp_path / "wh"
-    q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "1000", "--name", "t"], warehouse)
-    figures = {"measured": True, "fragment_ns": 1e6, "column_ns": 0.0, "filtered_fragment_ns": 5e6}
-    (warehouse / ".calibration.json").write_text(json.dumps(figures))
+    warehouse = _tiny_table(tmp_path)
+    _calibrated(warehouse, filtered_fragment_ns=5e6)
 
     def predicted(sql, pushdown):
         explain = q.run_quarry(["sql", f"EXPLAIN {sql}", "--format", "csv", "--pushdown", pushdown], warehouse).stdout
@@ -333,12 +385,10 @@ def test_a_fragment_whose_scan_is_filtered_pays_a_fixed_cost_more(tmp_path):
 
 
 def test_a_devices_fragment_pays_its_setup_at_the_devices_speed(tmp_path):
-    warehouse = tmp_path / "wh"
-    q.run_quarry(["gen", "synthetic", "--columns", "4", "--rows", "1000", "--name", "t"], warehouse)
+    warehouse = _tiny_table(tmp_path)
 
     def predicted(fragment_cpu_ns, pushdown):
-        figures = {"measured": True, "fragment_ns": 1e6, "column_ns": 0.0, "fragment_cpu_ns": fragment_cpu_ns}
-        (warehouse / ".calibration.json").write_text(json.dumps(figures))
+        _calibrated(warehouse, fragment_cpu_ns=fragment_cpu_ns)
         sql = "EXPLAIN SELECT col1 FROM t WHERE col2 < col3"
         explain = q.run_quarry(["sql", sql, "--format", "csv", "--pushdown", pushdown, "--profile", "kim-isp-2015"], warehouse).stdout
         found = re.findall(r"predicted ([\d.]+) ms \(bound: ([\w ]+)\)", explain)

@@ -49,6 +49,7 @@ pub fn run(warehouse_dir: &Path, args: CalibrateArgs, threads: usize) -> CliResu
     println!("fragment   {:>8.3} ms", calibration.fragment_ns / 1e6);
     println!("column     {:>8.3} ms more a column read", calibration.column_ns / 1e6);
     println!("filtered   {:>8.3} ms more a fragment whose scan is filtered", calibration.filtered_fragment_ns / 1e6);
+    println!("warm       {:>8.3} ms less a fragment opening right after another", calibration.warm_fragment_saving_ns / 1e6);
     println!("node CPU   {:>8.3} ms a fragment", calibration.fragment_cpu_ns / 1e6);
     println!("transfer   {:>8.3} ns/byte", calibration.transfer_ns_per_byte);
     println!("spill      {:>8.3} ns/byte", calibration.spill_ns_per_byte);
@@ -126,6 +127,8 @@ async fn measure(warehouse: &Warehouse, off: &QuarrySession, on_one_thread: &Qua
     let column_ns = ((all_columns - one_column) / (COLUMNS - 1) as f64).max(0.0);
     // A bound half the rows pass, which no statistics can skip: the scan reads the page
     // index and keeps the table's one page.
+    // The same fragment right after itself: what an opening saves right after another.
+    let warm = least_fragment_wait(off, Some("SELECT col1 FROM calibration_tiny"), "SELECT col1 FROM calibration_tiny").await?;
     let filtered = fragment_wait_after_work(off, &format!("SELECT col1 FROM calibration_tiny WHERE col2 >= {}", quarry_gen::synthetic::SYNTHETIC_VALUE_RANGE / 2)).await?;
     // A predicate no statistics can prune, so the node opens the segment and filters.
     let fragment_cpu_ns = fragment_node_cpu(on_one_thread, "SELECT col1 FROM calibration_tiny WHERE col2 < col3 - 100000000").await?;
@@ -137,6 +140,7 @@ async fn measure(warehouse: &Warehouse, off: &QuarrySession, on_one_thread: &Qua
         fragment_ns: (one_column - column_ns).max(0.0),
         column_ns,
         filtered_fragment_ns: (filtered - one_column).max(0.0),
+        warm_fragment_saving_ns: (one_column - warm).max(0.0),
         fragment_cpu_ns,
         measured: true,
         ..Calibration::default()

@@ -178,9 +178,10 @@ fn demand(op: &serde_json::Value) -> Option<(Demand, f64)> {
         host_s: number("host_ms")? / 1e3,
         decode_threads: number("decode_threads")?,
         overlapped: d.get("overlapped")?.as_bool()?,
-        // Stats written before these were stated: one stream, no fixed cost apart.
+        // Stats written before these were stated: one stream, no fixed cost apart, no saving.
         link_streams: number("link_streams").unwrap_or(1.0),
         fixed_s: number("fixed_ms").unwrap_or(0.0) / 1e3,
+        warm_saving_s: number("warm_saving_ms").unwrap_or(0.0) / 1e3,
     };
     Some((demand, number("host_threads")?))
 }

@@ -92,6 +92,8 @@ pub struct PredictedDemand {
     pub link_streams: f64,
     /// Of `host_ms`, the fixed cost a passthrough fragment pays first, on one host thread.
     pub fixed_ms: f64,
+    /// How much less that fixed cost is when it opens right after another fragment opened.
+    pub warm_saving_ms: f64,
 }
 
 impl PredictedDemand {
@@ -105,6 +107,7 @@ impl PredictedDemand {
             overlapped: demand.overlapped,
             link_streams: demand.link_streams,
             fixed_ms: demand.fixed_s * 1e3,
+            warm_saving_ms: demand.warm_saving_s * 1e3,
         }
     }
 }

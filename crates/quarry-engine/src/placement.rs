@@ -550,13 +550,13 @@ impl PlacementRule {
                     // in step (TPC-H SF 10 under kim-isp-2015, two partitions: `l_orderkey`
                     // alone 773 ms, its transfer 598 ms and its decoding 175 ms a thread).
                     let (transfer, bound) = if read >= link { (read, "flash read") } else { (link, "link") };
-                    let demand = Demand { seconds: transfer + compute, link_s: link, host_s: compute, decode_threads: threads, overlapped: false, link_streams, fixed_s: 0.0 };
+                    let demand = Demand { seconds: transfer + compute, link_s: link, host_s: compute, decode_threads: threads, overlapped: false, link_streams, fixed_s: 0.0, warm_saving_s: 0.0 };
                     return (transfer + compute, if compute > transfer { "host decode" } else { bound }, demand);
                 }
                 let (seconds, bound) = [(compute, "device CPU"), (read, "flash read"), (link, "link"), (receive, "host receive")]
                     .into_iter()
                     .fold((0.0, "device CPU"), |a, b| if b.0 > a.0 { b } else { a });
-                (seconds, bound, Demand { seconds, link_s: link, host_s: 0.0, decode_threads: 0.0, overlapped: true, link_streams, fixed_s: 0.0 })
+                (seconds, bound, Demand { seconds, link_s: link, host_s: 0.0, decode_threads: 0.0, overlapped: true, link_streams, fixed_s: 0.0, warm_saving_s: 0.0 })
             })
             .fold((0.0, "device CPU", Demand::default()), |a, b| if b.0 > a.0 { b } else { a });
         // Every fragment pays a fixed cost before its first batch, with a part per column its
@@ -572,7 +572,12 @@ impl PlacementRule {
         // reading its footer and page index, the first batch), which fragments decoding beside
         // it stretch (TPC-H SF 10 q08 under kim-isp-2015: `nation` beside `customer` and
         // `part` 1.3-4.6 ms, 0.55 predicted alone).
-        let demand = if passthrough { Demand { seconds, host_s: demand.host_s + fixed, fixed_s: fixed, ..demand } } else { Demand { seconds, ..demand } };
+        // Opening right after another fragment opened, it pays less of it (as calibrated).
+        let demand = if passthrough {
+            Demand { seconds, host_s: demand.host_s + fixed, fixed_s: fixed, warm_saving_s: (self.host.warm_fragment_saving_ns / 1e9).min(fixed), ..demand }
+        } else {
+            Demand { seconds, ..demand }
+        };
         if !unmeasured.is_empty() {
             assumed.push(format!("rates of {} not measured: defaults (run quarry calibrate on the machine)", unmeasured.join(", ")));
         }

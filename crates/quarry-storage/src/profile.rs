@@ -204,6 +204,13 @@ pub struct Calibration {
     /// 0.38-0.66 ms unfiltered, 0.64-0.79 filtered; native, filtered on the node, 0.43-0.67
     /// and 0.73-0.97.
     pub filtered_fragment_ns: f64,
+    /// How much less a fragment's fixed cost is when it opens right after another fragment
+    /// opened, as in a star query's dimension scans one after another: the wait for one column
+    /// of a 1,000-row table run right after itself, less the wait for it right after a scan
+    /// (what `fragment_ns` is measured after). SSB SF 10 under kim-isp-2015: `date` took
+    /// 0.3-0.45 ms opening 0.1-0.5 ms after `supplier` opened, 0.6-0.7 ms as a query's first
+    /// fragment or after a dimension's scan.
+    pub warm_fragment_saving_ns: f64,
     /// A node's CPU for a fragment beyond its rows' work (decoding the plan, opening its
     /// segments, setting up its operators), per partition: measured on one column of a
     /// 1,000-row table filtered on the node. A device pays it `compute_slowdown` times, which
@@ -298,6 +305,8 @@ impl Default for Calibration {
             column_ns: 0.0,
             // Within `fragment_ns` until measured.
             filtered_fragment_ns: 0.0,
+            // None until measured: every fragment pays its whole fixed cost.
+            warm_fragment_saving_ns: 0.0,
             // TPC-H SF 10 `region` and `nation` filtered on a node, development machine.
             fragment_cpu_ns: 50.0e3,
             star_probe_ns_per_row: 10.0,
