@@ -125,10 +125,10 @@ async fn measure(warehouse: &Warehouse, off: &QuarrySession, on_one_thread: &Qua
     let one_column = fragment_wait_after_work(off, "SELECT col1 FROM calibration_tiny").await?;
     let all_columns = fragment_wait_after_work(off, "SELECT * FROM calibration_tiny").await?;
     let column_ns = ((all_columns - one_column) / (COLUMNS - 1) as f64).max(0.0);
-    // A bound half the rows pass, which no statistics can skip: the scan reads the page
-    // index and keeps the table's one page.
     // The same fragment right after itself: what an opening saves right after another.
     let warm = least_fragment_wait(off, Some("SELECT col1 FROM calibration_tiny"), "SELECT col1 FROM calibration_tiny").await?;
+    // A bound half the rows pass, which no statistics can skip: the scan reads the page
+    // index and keeps the table's one page.
     let filtered = fragment_wait_after_work(off, &format!("SELECT col1 FROM calibration_tiny WHERE col2 >= {}", quarry_gen::synthetic::SYNTHETIC_VALUE_RANGE / 2)).await?;
     // A predicate no statistics can prune, so the node opens the segment and filters.
     let fragment_cpu_ns = fragment_node_cpu(on_one_thread, "SELECT col1 FROM calibration_tiny WHERE col2 < col3 - 100000000").await?;

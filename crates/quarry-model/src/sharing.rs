@@ -113,11 +113,12 @@ impl Demand {
 }
 
 /// A fragment's way through a run: its phases, set when it starts (whether its opening is
-/// warm depends on the openings before it), the one it is in, its progress through that one
-/// (0 to 1), and when its opening and it ended.
+/// warm depends on the openings before it), whether the first is an opening, the one it is in,
+/// its progress through that one (0 to 1), and when its opening and it ended.
 #[derive(Default)]
 struct Progress {
     phases: Vec<Demand>,
+    opens_apart: bool,
     phase: usize,
     done: f64,
     opened: Option<f64>,
@@ -134,10 +135,10 @@ impl Progress {
     }
 
     /// Moves on past the phases it has finished at `now` (and any that take no time).
-    fn pass_finished(&mut self, now: f64, opens_apart: bool) {
+    fn pass_finished(&mut self, now: f64) {
         // A relative slack: progress summed over steps lands a rounding short of 1.
         while self.ended.is_none() && (self.done >= 1.0 - 1e-9 || self.current().seconds <= 0.0) {
-            if self.phase == 0 && opens_apart {
+            if self.phase == 0 && self.opens_apart {
                 self.opened = Some(now);
             }
             if self.phase + 1 < self.phases.len() {
@@ -164,8 +165,8 @@ pub fn in_run(demands: &[Demand], starts: &[f64], host_threads: f64) -> Vec<f64>
         for i in starting {
             let opens_apart = demands[i].opening_s() > 0.0;
             let warm = opens_apart && !others_running && runs.iter().filter_map(|run| run.opened).any(|at| now - at <= WARM_GAP_S);
-            runs[i].phases = demands[i].phases(warm);
-            runs[i].pass_finished(now, opens_apart);
+            (runs[i].phases, runs[i].opens_apart) = (demands[i].phases(warm), opens_apart);
+            runs[i].pass_finished(now);
         }
         let running: Vec<usize> = (0..n).filter(|&i| runs[i].started() && runs[i].ended.is_none()).collect();
         let next_start = (0..n).filter(|&i| starts[i] > now).map(|i| starts[i]).fold(f64::INFINITY, f64::min);
@@ -188,7 +189,7 @@ pub fn in_run(demands: &[Demand], starts: &[f64], host_threads: f64) -> Vec<f64>
         now += step;
         for (&i, rate) in running.iter().zip(&rates) {
             runs[i].done += rate * step;
-            runs[i].pass_finished(now, demands[i].opening_s() > 0.0);
+            runs[i].pass_finished(now);
         }
     }
     runs.iter().zip(starts).map(|(run, start)| run.ended.expect("every fragment ended") - start).collect()
