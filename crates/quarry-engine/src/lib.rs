@@ -10,6 +10,7 @@ pub mod accounting;
 pub mod cardinality;
 pub mod conjunct_order;
 pub mod decimal_arith;
+pub mod decimal_division;
 pub mod few_group_sums;
 pub mod fragment_timing;
 pub mod filter_estimate;

@@ -13,6 +13,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::{FairSpillPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::optimizer::{Analyzer, AnalyzerRule};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::analyze::AnalyzeExec;
 use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
@@ -32,6 +33,7 @@ use crate::keyed_aggregate::KeyedAggregateRule;
 use crate::magic_set::MagicSetRule;
 use crate::conjunct_order::ConjunctOrderRule;
 use crate::decimal_arith::DecimalArithRule;
+use crate::decimal_division::DecimalDivisionRule;
 use crate::shared_subplan::SharedSubplanRule;
 use crate::small_group_aggregate::SmallGroupAggregateRule;
 use crate::star_join::with_star_joins;
@@ -87,6 +89,14 @@ fn tune_host(config: &mut SessionConfig) {
     optimizer.hash_join_inlist_pushdown_max_size = 1 << 20;
 }
 
+/// DataFusion's analyzer rules, with Quarry's decimal division before type coercion.
+fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
+    let mut rules = Analyzer::new().rules;
+    let at = rules.iter().position(|r| r.name() == DecimalDivisionRule::BEFORE).unwrap_or(0);
+    rules.insert(at, Arc::new(DecimalDivisionRule));
+    rules
+}
+
 /// DataFusion options set by environment variables, DataFusion's own convention
 /// (`DATAFUSION_OPTIMIZER_PREFER_HASH_JOIN=false` sets `datafusion.optimizer.prefer_hash_join`),
 /// over Quarry's tuning: how a user or an experiment changes a knob without a rebuild.
@@ -140,7 +150,7 @@ impl QuarrySession {
             let execution = &mut config.options_mut().execution;
             execution.sort_spill_reservation_bytes = execution.sort_spill_reservation_bytes.min(limit / 8);
         }
-        let mut builder = SessionStateBuilder::new().with_config(config).with_default_features();
+        let mut builder = SessionStateBuilder::new().with_config(config).with_default_features().with_analyzer_rules(analyzer_rules());
         if let Some(limit) = options.memory_limit {
             // Fair shares among the operators that can spill; the top consumers are named when
             // the budget runs out.
