@@ -14,10 +14,10 @@ use std::sync::{Arc, OnceLock};
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
 use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{DataType, Date32Type, Int32Type, Int64Type, Schema};
-use datafusion::common::{Result, plan_err};
-use datafusion::logical_expr::ColumnarValue;
+use datafusion::common::{Result, ScalarValue, plan_err};
+use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::expressions::{BinaryExpr, Column, InListExpr, Literal};
 
 /// Widest key range a key set covers (its node-side bitmap is at most 32 MB).
 pub const MAX_RANGE: u64 = 1 << 28;
@@ -292,6 +292,44 @@ impl PhysicalExpr for KeySetExpr {
         self.column.fmt_sql(f)?;
         write!(f, " IN key set ({} keys)", self.set.keys.len())
     }
+}
+
+/// The bounds the key tests among `predicate`'s conjuncts imply: for each `column IN (literals)`
+/// and `column IN key set`, `column >= smallest AND column <= largest`. Only for pruning by
+/// statistics (segments, row groups, pages): a key list prunes nothing by itself (DataFusion's
+/// pruning takes lists of at most 20 values, and a key set is ours), yet a join's keys often fall
+/// in a narrow range of a column the data is clustered by (TPC-DS's fact tables by date), and
+/// testing the bounds on every row would only repeat the key test.
+pub fn key_bounds(predicate: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Vec<Arc<dyn PhysicalExpr>> {
+    let mut bounds = Vec::new();
+    for conjunct in datafusion::physical_expr::split_conjunction(predicate) {
+        let (column, min, max) = if let Some(list) = conjunct.downcast_ref::<InListExpr>() {
+            let Some(column) = list.expr().downcast_ref::<Column>().filter(|_| !list.negated()) else { continue };
+            let values: Option<Vec<&ScalarValue>> = list.list().iter().map(|e| e.downcast_ref::<Literal>().map(Literal::value).filter(|v| !v.is_null())).collect();
+            let Some(values) = values else { continue };
+            let min = values.iter().copied().reduce(|a, b| if b.partial_cmp(a) == Some(std::cmp::Ordering::Less) { b } else { a });
+            let max = values.iter().copied().reduce(|a, b| if b.partial_cmp(a) == Some(std::cmp::Ordering::Greater) { b } else { a });
+            let (Some(min), Some(max)) = (min, max) else { continue };
+            (column, min.clone(), max.clone())
+        } else if let Some(set) = conjunct.downcast_ref::<KeySetExpr>() {
+            let (Some(column), Some(&min), Some(&max)) = (set.column(), set.set().keys().first(), set.set().keys().last()) else { continue };
+            let Ok(field) = schema.field_with_name(column.name()) else { continue };
+            let scalar = |key: i64| match field.data_type() {
+                DataType::Int32 => i32::try_from(key).ok().map(|k| ScalarValue::Int32(Some(k))),
+                DataType::Date32 => i32::try_from(key).ok().map(|k| ScalarValue::Date32(Some(k))),
+                DataType::Int64 => Some(ScalarValue::Int64(Some(key))),
+                _ => None,
+            };
+            let (Some(min), Some(max)) = (scalar(min), scalar(max)) else { continue };
+            (column, min, max)
+        } else {
+            continue;
+        };
+        let column: Arc<dyn PhysicalExpr> = Arc::new(column.clone());
+        bounds.push(Arc::new(BinaryExpr::new(Arc::clone(&column), Operator::GtEq, Arc::new(Literal::new(min)))) as Arc<dyn PhysicalExpr>);
+        bounds.push(Arc::new(BinaryExpr::new(column, Operator::LtEq, Arc::new(Literal::new(max)))));
+    }
+    bounds
 }
 
 #[cfg(test)]

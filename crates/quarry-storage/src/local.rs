@@ -746,8 +746,10 @@ impl LocalStorageNode {
         let segments = select_segments(snapshot, &request.segments)?;
         let requested = segments.len();
         stats.segments_requested += requested as u64;
-        let kept: Vec<&SegmentMeta> = match predicate
-            .and_then(|p| PruningPredicateBuilder::new().with_file_schema(Arc::clone(&output)).build(Arc::clone(p)))
+        // The key tests' bounds prune too (see `key_set::key_bounds`).
+        let pruning = predicate.and_then(|p| conjunction_opt(std::iter::once(Arc::clone(p)).chain(crate::key_set::key_bounds(p, &output))));
+        let kept: Vec<&SegmentMeta> = match pruning
+            .and_then(|p| PruningPredicateBuilder::new().with_file_schema(Arc::clone(&output)).build(p))
         {
             Some(pruning) => {
                 let keep = pruning.prune(&SegmentStatistics { segments: &segments, schema: &table_schema })?;

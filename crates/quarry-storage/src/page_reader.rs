@@ -7,16 +7,20 @@
 //! position, and a predicate or dimension lookup on a dictionary-encoded column runs once per
 //! dictionary entry rather than once per row (HippogriffDB's evaluation on compressed data).
 //!
-//! Supported: flat required columns (or optional ones without NULLs in the chunk), INT32, INT64
-//! and BYTE_ARRAY physical types, PLAIN and dictionary encodings, data pages v1, any codec the
-//! parquet crate reads. Anything else is [`Unsupported`]: the caller scans such a segment the
-//! ordinary way.
+//! Supported: flat columns, required or optional, INT32, INT64 and BYTE_ARRAY physical types,
+//! PLAIN and dictionary encodings, data pages v1, any codec the parquet crate reads. Anything
+//! else is [`Unsupported`]: the caller scans such a segment the ordinary way. A page of an
+//! optional column that holds NULLs stores values for its valid rows only; the page keeps
+//! which rows are valid and how many are before each 64 rows ([`Validity`]), by which a row
+//! finds its value. A NULL row never passes a test (`keep_*`: a comparison or lookup of NULL is
+//! not true) and is NULL when gathered.
 
 use std::sync::Arc;
 
 use arrow::array::builder::make_view;
 use arrow::array::{ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, StringViewArray};
-use arrow::buffer::Buffer;
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::array::BooleanBufferBuilder;
 use arrow::datatypes::DataType;
 use bytes::Bytes;
 use parquet::basic::{Encoding, Type as PhysicalType};
@@ -131,7 +135,61 @@ struct DataPage {
     /// Row (within the row group) of the page's first value.
     first_row: usize,
     rows: usize,
+    /// The values: one per row, or with `valid`, one per valid row.
     body: PageBody,
+    /// Which of the page's rows are not NULL (`None`: all of them).
+    valid: Option<Validity>,
+}
+
+/// The valid (not NULL) rows of a page that has NULLs: a bit per row, and the valid rows before
+/// each word of 64, so that a row's value is found in constant time.
+#[derive(Debug)]
+struct Validity {
+    words: Vec<u64>,
+    /// Valid rows before word `w`.
+    ranks: Vec<u32>,
+    rows: usize,
+    /// Valid rows: the values the page holds.
+    values: usize,
+}
+
+impl Validity {
+    fn new(bits: &BooleanBuffer) -> Self {
+        let words: Vec<u64> = bits.bit_chunks().iter_padded().collect();
+        let mut ranks = Vec::with_capacity(words.len());
+        let mut valid = 0u32;
+        for word in &words {
+            ranks.push(valid);
+            valid += word.count_ones();
+        }
+        Validity { words, ranks, rows: bits.len(), values: valid as usize }
+    }
+
+    /// The position among the page's values of row `row` (of the page), if it is valid.
+    #[inline]
+    fn position(&self, row: usize) -> Option<u32> {
+        let (w, bit) = (row / 64, row % 64);
+        let word = self.words[w];
+        (word >> bit & 1 == 1).then(|| self.ranks[w] + (word & ((1u64 << bit) - 1)).count_ones())
+    }
+
+    fn is_valid(&self, row: usize) -> bool {
+        self.words[row / 64] >> (row % 64) & 1 == 1
+    }
+
+    /// The valid rows, each plus `base`, in order: row of each value.
+    fn rows_of_values(&self, base: u32) -> Vec<u32> {
+        let mut rows = Vec::with_capacity(self.values);
+        for (w, &word) in self.words.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                rows.push(base + (w * 64) as u32 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        debug_assert!(rows.last().is_none_or(|&r| ((r - base) as usize) < self.rows));
+        rows
+    }
 }
 
 #[derive(Debug)]
@@ -222,31 +280,15 @@ impl Indices {
         }
     }
 
-    /// Calls `f(position, index)` for every value in order.
-    fn for_each(&self, mut f: impl FnMut(usize, u32)) {
-        for run in &self.runs {
-            let (first, len) = (run.first as usize, run.len as usize);
-            match run.kind {
-                RunKind::Repeated(v) => (first..first + len).for_each(|p| f(p, v)),
-                RunKind::Packed(start) => {
-                    let base = start as usize * 8;
-                    let width = self.bit_width as usize;
-                    for i in 0..len {
-                        f(first + i, read_bits(&self.data, base + i * width, self.bit_width));
-                    }
-                }
-            }
-        }
-    }
-
     /// Appends `values[index]` for the indices of `page` (which these are) at `rows`
     /// (increasing, within the page) to `out`; false if an index is past `values`. Where most
     /// of the page is wanted, it is decoded whole (into `scratch`) and picked from: a run
     /// search and a bit extraction per row cost more than that.
-    fn gather<T: Copy>(&self, rows: &[u32], page: &DataPage, values: &[T], scratch: &mut Vec<u32>, out: &mut Vec<T>) -> bool {
-        if !decode_whole_page(rows.len(), page.rows) {
+    fn gather<T: Copy>(&self, rows: &[u32], first_row: usize, values: &[T], scratch: &mut Vec<u32>, out: &mut Vec<T>) -> bool {
+        let count = self.len();
+        if !decode_whole_page(rows.len(), count) {
             let mut ok = true;
-            self.for_positions(rows.iter().map(|&r| r as usize - page.first_row), |_, i| match values.get(i as usize) {
+            self.for_positions(rows.iter().map(|&r| r as usize - first_row), |_, i| match values.get(i as usize) {
                 Some(&v) => out.push(v),
                 None => ok = false,
             });
@@ -256,10 +298,10 @@ impl Indices {
         if scratch.iter().copied().max().is_some_and(|max| max as usize >= values.len()) {
             return false;
         }
-        if rows.len() == page.rows {
+        if rows.len() == count {
             out.extend(scratch.iter().map(|&i| values[i as usize]));
         } else {
-            out.extend(rows.iter().map(|&r| values[scratch[r as usize - page.first_row] as usize]));
+            out.extend(rows.iter().map(|&r| values[scratch[r as usize - first_row] as usize]));
         }
         true
     }
@@ -418,9 +460,6 @@ impl ColumnChunk {
         if descr.max_rep_level() > 0 || descr.max_def_level() > 1 {
             return unsupported(format!("column {} is nested", descr.path()));
         }
-        if descr.max_def_level() == 1 && column.statistics().and_then(|s| s.null_count_opt()).is_none_or(|n| n > 0) {
-            return unsupported(format!("column {} may hold NULLs", descr.path()));
-        }
         let integers = matches!(column.column_type(), PhysicalType::INT32 | PhysicalType::INT64);
         for encoding in column.encodings() {
             let delta = encoding == Encoding::DELTA_BINARY_PACKED && integers;
@@ -476,9 +515,12 @@ impl ColumnChunk {
                     });
                 }
                 Page::DataPage { buf, num_values, encoding, .. } => {
-                    let count = num_values as usize;
-                    let values = if max_def == 1 { skip_all_valid_levels(buf, count)? } else { buf };
+                    let rows_in_page = num_values as usize;
+                    let (values, valid) = if max_def == 1 { split_definition_levels(buf, rows_in_page)? } else { (buf, None) };
+                    // Values stored: one per valid row.
+                    let count = valid.as_ref().map_or(rows_in_page, BooleanBuffer::count_set_bits);
                     let body = match encoding {
+                        _ if count == 0 => PageBody::Plain { data: Bytes::new(), width: 0 },
                         Encoding::PLAIN => match kind {
                             ValueKind::Int32 | ValueKind::Int64 => {
                                 let width = if kind == ValueKind::Int32 { 4 } else { 8 };
@@ -497,8 +539,8 @@ impl ColumnChunk {
                         }
                         other => return unsupported(format!("a data page encoded {other}")),
                     };
-                    data_pages.push(DataPage { first_row: next_row, rows: count, body });
-                    next_row += count;
+                    data_pages.push(DataPage { first_row: next_row, rows: rows_in_page, body, valid: valid.as_ref().map(Validity::new) });
+                    next_row += rows_in_page;
                 }
                 Page::DataPageV2 { .. } => return unsupported("data page v2"),
             }
@@ -551,14 +593,13 @@ impl ColumnChunk {
     pub fn keep_int(&self, selection: Option<&[u32]>, code: impl Fn(i64) -> u32, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
         debug_assert!(self.kind != ValueKind::Bytes);
         let table = self.dictionary_codes_int(&code);
-        self.for_page_selections(selection, |page, in_page| {
-            let base = page.first_row as u32;
-            match &page.body {
-                PageBody::Indices(indices) => keep_indices(indices, table.as_deref().unwrap_or(&[]), base, in_page, rows_out, codes_out),
-                PageBody::Plain { data, width: 4 } => keep_plain(data, 4, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64, &code, base, in_page, rows_out, codes_out),
-                PageBody::Plain { data, .. } => keep_plain(data, 8, |b| i64::from_le_bytes(b.try_into().expect("8 bytes")), &code, base, in_page, rows_out, codes_out),
-                PageBody::PlainBytes(_) => unreachable!("an integer column"),
-            }
+        self.for_page_values(selection, rows_out, codes_out, |body, base, in_page, rows_out, codes_out| match body {
+            PageBody::Indices(indices) => keep_indices(indices, table.as_deref().unwrap_or(&[]), base, in_page, rows_out, codes_out),
+            PageBody::Plain { data, width: 4 } => keep_plain(data, 4, |b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64, &code, base, in_page, rows_out, codes_out),
+            PageBody::Plain { data, width: 8 } => keep_plain(data, 8, |b| i64::from_le_bytes(b.try_into().expect("8 bytes")), &code, base, in_page, rows_out, codes_out),
+            // A page of NULLs only holds no values.
+            PageBody::Plain { .. } => {}
+            PageBody::PlainBytes(_) => unreachable!("an integer column"),
         });
     }
 
@@ -566,15 +607,61 @@ impl ColumnChunk {
     pub fn keep_bytes(&self, selection: Option<&[u32]>, code: impl Fn(&[u8]) -> u32, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
         debug_assert!(self.kind == ValueKind::Bytes);
         let table = self.dictionary_codes_bytes(&code);
+        self.for_page_values(selection, rows_out, codes_out, |body, base, in_page, rows_out, codes_out| match body {
+            PageBody::Indices(indices) => keep_indices(indices, table.as_deref().unwrap_or(&[]), base, in_page, rows_out, codes_out),
+            PageBody::PlainBytes(values) => match in_page {
+                None => append_kept(rows_out, codes_out, values.len(), |p| (base + p as u32, code(values.value(p)))),
+                Some(rows) => append_kept(rows_out, codes_out, rows.len(), |k| (rows[k], code(values.value((rows[k] - base) as usize)))),
+            },
+            // A page of NULLs only holds no values.
+            PageBody::Plain { width: 0, .. } => {}
+            PageBody::Plain { .. } => unreachable!("a byte-string column"),
+        });
+    }
+
+    /// Runs `keep(body, base, selection, rows_out, codes_out)`, which keeps values of a page's
+    /// body by position (`base` + position, or the positions listed), for every page holding
+    /// a selected row (every page, with `None`). For a page with NULLs, `keep` sees the valid
+    /// selected rows' value positions, and what it keeps is mapped back to rows.
+    #[allow(clippy::type_complexity)]
+    fn for_page_values(
+        &self,
+        selection: Option<&[u32]>,
+        rows_out: &mut Vec<u32>,
+        codes_out: &mut Vec<u32>,
+        mut keep: impl FnMut(&PageBody, u32, Option<&[u32]>, &mut Vec<u32>, &mut Vec<u32>),
+    ) {
+        let mut positions = Vec::new();
+        let mut rows = Vec::new();
         self.for_page_selections(selection, |page, in_page| {
             let base = page.first_row as u32;
-            match &page.body {
-                PageBody::Indices(indices) => keep_indices(indices, table.as_deref().unwrap_or(&[]), base, in_page, rows_out, codes_out),
-                PageBody::PlainBytes(values) => match in_page {
-                    None => append_kept(rows_out, codes_out, page.rows, |p| (base + p as u32, code(values.value(p)))),
-                    Some(rows) => append_kept(rows_out, codes_out, rows.len(), |k| (rows[k], code(values.value((rows[k] - base) as usize)))),
-                },
-                PageBody::Plain { .. } => unreachable!("a byte-string column"),
+            let Some(valid) = &page.valid else { return keep(&page.body, base, in_page, rows_out, codes_out) };
+            let from = rows_out.len();
+            match in_page {
+                None => {
+                    keep(&page.body, 0, None, rows_out, codes_out);
+                    let rows = valid.rows_of_values(base);
+                    rows_out[from..].iter_mut().for_each(|p| *p = rows[*p as usize]);
+                }
+                Some(selected) => {
+                    positions.clear();
+                    rows.clear();
+                    for &r in selected {
+                        if let Some(p) = valid.position((r - base) as usize) {
+                            positions.push(p);
+                            rows.push(r);
+                        }
+                    }
+                    keep(&page.body, 0, Some(&positions), rows_out, codes_out);
+                    // What was kept is a subsequence of `positions`: walk both.
+                    let mut j = 0usize;
+                    for p in &mut rows_out[from..] {
+                        while positions[j] != *p {
+                            j += 1;
+                        }
+                        *p = rows[j];
+                    }
+                }
             }
         });
     }
@@ -591,25 +678,39 @@ impl ColumnChunk {
     /// The values at `rows` (increasing) as an Arrow array of `data_type` (Int32, Date32,
     /// Int64, Decimal128 from INT32/INT64, or Utf8View from byte strings).
     pub fn gather(&self, rows: &[u32], data_type: &DataType) -> Result<ArrayRef> {
+        let nulls = self.gather_nulls(rows);
         match (self.kind, data_type) {
             (ValueKind::Bytes, DataType::Utf8View | DataType::Utf8) => {
-                let array: ArrayRef = Arc::new(self.gather_views(rows)?);
+                let array: ArrayRef = Arc::new(self.gather_views(rows, nulls)?);
                 Ok(if data_type == &DataType::Utf8 { arrow::compute::cast(&array, data_type).map_err(|e| Unsupported(e.to_string()))? } else { array })
             }
             (ValueKind::Bytes, other) => unsupported(format!("byte strings as {other}")),
-            (_, DataType::Int32) => Ok(Arc::new(Int32Array::new(self.gather_ints(rows, |v| v as i32)?.into(), None))),
-            (_, DataType::Date32) => Ok(Arc::new(Date32Array::new(self.gather_ints(rows, |v| v as i32)?.into(), None))),
-            (_, DataType::Int64) => Ok(Arc::new(Int64Array::new(self.gather_ints(rows, |v| v)?.into(), None))),
+            (_, DataType::Int32) => Ok(Arc::new(Int32Array::new(self.gather_ints(rows, |v| v as i32)?.into(), nulls))),
+            (_, DataType::Date32) => Ok(Arc::new(Date32Array::new(self.gather_ints(rows, |v| v as i32)?.into(), nulls))),
+            (_, DataType::Int64) => Ok(Arc::new(Int64Array::new(self.gather_ints(rows, |v| v)?.into(), nulls))),
             (_, DataType::Decimal128(p, s)) => Ok(Arc::new(
-                Decimal128Array::new(self.gather_ints(rows, |v| v as i128)?.into(), None).with_precision_and_scale(*p, *s).map_err(|e| Unsupported(e.to_string()))?,
+                Decimal128Array::new(self.gather_ints(rows, |v| v as i128)?.into(), nulls).with_precision_and_scale(*p, *s).map_err(|e| Unsupported(e.to_string()))?,
             )),
             (_, other) => unsupported(format!("integers as {other}")),
         }
     }
 
+    /// Which of `rows` (increasing) are not NULL; `None` if all of them are.
+    fn gather_nulls(&self, rows: &[u32]) -> Option<NullBuffer> {
+        if self.pages.iter().all(|p| p.valid.is_none()) {
+            return None;
+        }
+        let mut valid = BooleanBufferBuilder::new(rows.len());
+        self.visit_pages(rows, |page, in_page| match &page.valid {
+            Some(bits) => in_page.iter().for_each(|&r| valid.append(bits.is_valid(r as usize - page.first_row))),
+            None => valid.append_n(in_page.len(), true),
+        });
+        Some(NullBuffer::new(valid.finish())).filter(|n| n.null_count() > 0)
+    }
+
     /// The integer values at `rows` (increasing), each converted. A page whose rows are all
     /// wanted is decoded in one pass; others value by value.
-    fn gather_ints<T: Copy>(&self, rows: &[u32], convert: impl Fn(i64) -> T) -> Result<Vec<T>> {
+    fn gather_ints<T: Copy + Default>(&self, rows: &[u32], convert: impl Fn(i64) -> T) -> Result<Vec<T>> {
         let dictionary: Vec<T> = match &self.dictionary {
             Some(Dictionary::Ints(values)) => values.iter().map(|&v| convert(v)).collect(),
             _ => Vec::new(),
@@ -617,20 +718,37 @@ impl ColumnChunk {
         let mut out = Vec::with_capacity(rows.len());
         let mut bad = false;
         let mut scratch = Vec::new();
-        self.visit_pages(rows, |page, in_page| {
-            match &page.body {
-                PageBody::Plain { data, width } if in_page.len() == page.rows => out.extend(data.chunks_exact(*width).take(page.rows).map(|b| convert(int_at(b, *width, 0)))),
-                PageBody::Plain { data, width } => out.extend(in_page.iter().map(|&r| convert(int_at(data, *width, r as usize - page.first_row)))),
-                PageBody::Indices(indices) => bad |= !indices.gather(in_page, page, &dictionary, &mut scratch, &mut out),
-                PageBody::PlainBytes(_) => unreachable!("an integer column"),
-            }
+        self.visit_page_values(rows, T::default(), &mut out, |body, first_row, values, in_page, out| match body {
+            PageBody::Plain { width: 0, .. } => {}
+            PageBody::Plain { data, width } if in_page.len() == values => out.extend(data.chunks_exact(*width).take(values).map(|b| convert(int_at(b, *width, 0)))),
+            PageBody::Plain { data, width } => out.extend(in_page.iter().map(|&r| convert(int_at(data, *width, r as usize - first_row)))),
+            PageBody::Indices(indices) => bad |= !indices.gather(in_page, first_row, &dictionary, &mut scratch, out),
+            PageBody::PlainBytes(_) => unreachable!("an integer column"),
         });
         if bad { unsupported("a dictionary index past the dictionary") } else { Ok(out) }
     }
 
+    /// Runs `gather(body, first_row, values, rows, out)`, which appends the values of a page's
+    /// body (of `values` values) at `rows` (less `first_row`: positions), for the pages holding
+    /// some of `rows`. For a page with NULLs, `gather` sees the valid rows' value positions (and a
+    /// `first_row` of 0), and a NULL row gets `placeholder`.
+    fn visit_page_values<T: Copy>(&self, rows: &[u32], placeholder: T, out: &mut Vec<T>, mut gather: impl FnMut(&PageBody, usize, usize, &[u32], &mut Vec<T>)) {
+        let mut positions = Vec::new();
+        let mut values = Vec::new();
+        self.visit_pages(rows, |page, in_page| {
+            let Some(valid) = &page.valid else { return gather(&page.body, page.first_row, page.rows, in_page, out) };
+            positions.clear();
+            positions.extend(in_page.iter().filter_map(|&r| valid.position(r as usize - page.first_row)));
+            values.clear();
+            gather(&page.body, 0, valid.values, &positions, &mut values);
+            let mut next = values.iter();
+            out.extend(in_page.iter().map(|&r| if valid.is_valid(r as usize - page.first_row) { *next.next().expect("a value per valid row") } else { placeholder }));
+        });
+    }
+
     /// The byte strings at `rows` (increasing) as views into the chunk's buffers (the
     /// dictionary's and the PLAIN pages'), each buffer checked to be UTF-8 once.
-    fn gather_views(&self, rows: &[u32]) -> Result<StringViewArray> {
+    fn gather_views(&self, rows: &[u32], nulls: Option<NullBuffer>) -> Result<StringViewArray> {
         let mut buffers: Vec<Buffer> = Vec::new();
         let dictionary_views: Vec<u128> = match &self.dictionary {
             Some(Dictionary::Bytes(values)) => {
@@ -644,7 +762,7 @@ impl ColumnChunk {
         let mut bad = false;
         let mut scratch = Vec::new();
         let mut failed = None;
-        self.visit_pages(rows, |page, in_page| match &page.body {
+        self.visit_page_values(rows, 0u128, &mut views, |body, first_row, _, in_page, views| match body {
             PageBody::PlainBytes(values) => {
                 if let Err(e) = values.check_utf8() {
                     failed = Some(e);
@@ -653,11 +771,13 @@ impl ColumnChunk {
                 let block = buffers.len() as u32;
                 buffers.push(Buffer::from(values.data.clone()));
                 views.extend(in_page.iter().map(|&r| {
-                    let i = r as usize - page.first_row;
+                    let i = r as usize - first_row;
                     make_view(values.value(i), block, values.offsets[i])
                 }));
             }
-            PageBody::Indices(indices) => bad |= !indices.gather(in_page, page, &dictionary_views, &mut scratch, &mut views),
+            PageBody::Indices(indices) => bad |= !indices.gather(in_page, first_row, &dictionary_views, &mut scratch, views),
+            // A page of NULLs only holds no values.
+            PageBody::Plain { width: 0, .. } => {}
             PageBody::Plain { .. } => unreachable!("a byte-string column"),
         });
         if let Some(e) = failed {
@@ -668,7 +788,7 @@ impl ColumnChunk {
         }
         // SAFETY: every view was made by `make_view` from a value lying in the buffer it names,
         // at its offset, and every buffer's values were checked to be UTF-8.
-        Ok(unsafe { StringViewArray::new_unchecked(views.into(), buffers, None) })
+        Ok(unsafe { StringViewArray::new_unchecked(views.into(), buffers, nulls) })
     }
 
     /// Calls `f(page, rows in that page)` for the pages holding some of `rows` (increasing).
@@ -789,21 +909,30 @@ fn plain_ints(data: &[u8], width: usize, count: usize) -> Result<Vec<i64>> {
 }
 
 /// Data page v1 of an optional column: the definition levels (a 4-byte length, then the
-/// hybrid encoding at bit width 1) must all be 1; returns the values after them.
-fn skip_all_valid_levels(page: Bytes, count: usize) -> Result<Bytes> {
+/// hybrid encoding at bit width 1) and the values after them; which of the page's `rows` are
+/// valid (`None` when all of them are). A bit-packed run of levels is already a validity
+/// bitmap, least significant bit first: it is copied as it is.
+fn split_definition_levels(page: Bytes, rows: usize) -> Result<(Bytes, Option<BooleanBuffer>)> {
     let Some(len) = page.get(..4) else { return unsupported("a page without its definition levels") };
     let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
     let Some(levels) = page.get(4..4 + len) else { return unsupported("definition levels past the end of the page") };
     let mut encoded = Vec::with_capacity(len + 1);
     encoded.push(1u8);
     encoded.extend_from_slice(levels);
-    let levels = Indices::parse(Bytes::from(encoded), count)?;
-    let mut all_valid = true;
-    levels.for_each(|_, level| all_valid &= level == 1);
-    if !all_valid {
-        return unsupported("a page with NULLs");
+    let levels = Indices::parse(Bytes::from(encoded), rows)?;
+    let mut valid = BooleanBufferBuilder::new(rows);
+    for run in &levels.runs {
+        match run.kind {
+            RunKind::Repeated(level) => valid.append_n(run.len as usize, level == 1),
+            RunKind::Packed(start) => {
+                let first = start as usize * 8;
+                valid.append_packed_range(first..first + run.len as usize, &levels.data);
+            }
+        }
     }
-    Ok(page.slice(4 + len..))
+    let valid = valid.finish();
+    let values = page.slice(4 + len..);
+    Ok(if valid.count_set_bits() == rows { (values, None) } else { (values, Some(valid)) })
 }
 
 /// The `count` values of a DELTA_BINARY_PACKED page (the Parquet format's specification:
@@ -1028,21 +1157,53 @@ mod tests {
         assert!(all.pages.len() > 10, "{} pages", all.pages.len());
     }
 
+    /// Optional columns with NULLs (some pages holding none, one holding only NULLs), in
+    /// dictionary and PLAIN pages: gathered, NULLs are NULL; kept, a NULL row never passes,
+    /// even a test its placeholder would pass.
     #[test]
-    fn optional_columns_are_read_only_without_nulls() {
-        let rows = 10_000;
-        let file = write(&batch(rows, true), WriterProperties::builder().build());
-        let chunk = chunks(&file).remove(0).unwrap();
-        let small = |i: usize| ((i * 7919) % 97) as i32 - 40;
-        let gathered = chunk.gather(&[0, 1, 9_999], &DataType::Int32).unwrap();
-        assert_eq!(gathered.as_primitive::<arrow::datatypes::Int32Type>().values().to_vec(), vec![small(0), small(1), small(9_999)]);
-
-        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, true)]));
-        let with_nulls = RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![Some(1), None, Some(3)]))]).unwrap();
-        let file = write(&with_nulls, WriterProperties::builder().build());
-        let error = chunks(&file).remove(0).unwrap_err();
-        assert!(error.0.contains("NULLs"), "{error}");
-        assert_eq!(with_nulls.column(0).null_count(), 1);
+    fn optional_columns_read_with_their_nulls() {
+        let rows = 30_000usize;
+        let null_at = |i: usize| (i < 10_000 && i % 7 == 3) || (12_500..15_000).contains(&i) || i >= 29_990;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("small", DataType::Int32, true),
+            Field::new("wide", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let small = Int32Array::from_iter((0..rows).map(|i| (!null_at(i)).then_some(((i * 7919) % 97) as i32 - 40)));
+        let wide = Int64Array::from_iter((0..rows).map(|i| (!null_at(i)).then_some((i as i64).wrapping_mul(2_654_435_761) % 1_000_000_007)));
+        let name = StringArray::from_iter((0..rows).map(|i| (!null_at(i)).then(|| format!("name-{}", (i * 31) % 53))));
+        let data = RecordBatch::try_new(schema, vec![Arc::new(small), Arc::new(wide), Arc::new(name)]).unwrap();
+        for dictionary in [true, false] {
+            let props = WriterProperties::builder().set_dictionary_enabled(dictionary).set_data_page_row_count_limit(2_500).set_write_batch_size(500).build();
+            let file = write(&data, props);
+            let chunks: Vec<ColumnChunk> = chunks(&file).into_iter().map(|c| c.unwrap()).collect();
+            assert!(chunks[0].pages.iter().any(|p| p.valid.is_none()) && chunks[0].pages.iter().any(|p| p.valid.as_ref().is_some_and(|v| v.values == 0)));
+            let selections: [Vec<u32>; 3] = [(0..rows as u32).collect(), (0..rows as u32).filter(|r| r % 13 == 0 || r % 1000 < 3).collect(), (0..rows as u32).filter(|r| r % 97 == 0).collect()];
+            for selection in &selections {
+                for (c, chunk) in chunks.iter().enumerate() {
+                    let expected = arrow::compute::take(data.column(c), &arrow::array::UInt32Array::from(selection.clone()), None).unwrap();
+                    let target = if c == 2 { DataType::Utf8 } else { data.column(c).data_type().clone() };
+                    assert_eq!(chunk.gather(selection, &target).unwrap().as_ref(), expected.as_ref(), "column {c}, dictionary {dictionary}");
+                }
+                // Every value passes, and 0 (a NULL's placeholder) too: only the NULL rows do not.
+                let want: Vec<u32> = selection.iter().copied().filter(|&r| !null_at(r as usize)).collect();
+                for (c, chunk) in chunks.iter().enumerate() {
+                    let (mut kept, mut codes) = (Vec::new(), Vec::new());
+                    if c == 2 {
+                        chunk.keep_bytes(Some(selection), |_| 1, &mut kept, &mut codes);
+                    } else {
+                        chunk.keep_int(Some(selection), |_| 1, &mut kept, &mut codes);
+                    }
+                    assert_eq!(kept, want, "column {c}, dictionary {dictionary}");
+                    assert_eq!(codes.len(), kept.len());
+                }
+                let (mut kept, mut codes) = (Vec::new(), Vec::new());
+                chunks[0].keep_int(None, |v| if v == 0 || v % 2 == 0 { 5 } else { NO_CODE }, &mut kept, &mut codes);
+                let small = data.column(0).as_primitive::<arrow::datatypes::Int32Type>();
+                let even: Vec<u32> = (0..rows as u32).filter(|&r| small.is_valid(r as usize) && small.value(r as usize) % 2 == 0).collect();
+                assert_eq!(kept, even, "dictionary {dictionary}");
+            }
+        }
     }
 
     #[test]

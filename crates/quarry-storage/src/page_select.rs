@@ -129,6 +129,9 @@ fn kind_holds(kind: ValueKind, data_type: &DataType) -> bool {
 pub enum Comparison {
     /// `column op value` on integers (decimals at the column's scale, dates in days).
     Int(Operator, i64),
+    /// `lo <= column AND column <= hi` on integers: the comparisons of one column bounding it
+    /// from both sides (a `BETWEEN`), tested in one pass.
+    IntRange(i64, i64),
     /// `column IN (values)` on integers.
     IntIn(IntSet),
     /// `column = value` or `<>` on strings.
@@ -268,6 +271,10 @@ impl Comparison {
                 };
                 chunk.keep_int(alive, |v| pass(test(v, value)), kept, codes);
             }
+            Comparison::IntRange(lo, hi) => {
+                let (lo, hi) = (*lo, *hi);
+                chunk.keep_int(alive, |v| pass(lo <= v && v <= hi), kept, codes);
+            }
             Comparison::IntIn(set) => chunk.keep_int(alive, |v| pass(set.contains(v)), kept, codes),
             Comparison::Bytes(op, value) => {
                 let equal = *op == Operator::Eq;
@@ -345,6 +352,7 @@ impl SplitPredicate {
                 None => rest.push(Arc::clone(conjunct)),
             }
         }
+        let comparisons = merge_ranges(comparisons);
         let residual = match conjunction_opt(rest) {
             Some(expr) => {
                 let (used, schema) = used_columns(std::slice::from_ref(&expr), columns)?;
@@ -354,6 +362,39 @@ impl SplitPredicate {
         };
         Ok(SplitPredicate { comparisons, residual })
     }
+}
+
+/// The integer comparisons of each column that bound it from below and above, as one
+/// [`Comparison::IntRange`] in the place of the first (they pass the same rows, in one pass
+/// instead of two over the page's values).
+fn merge_ranges(comparisons: Vec<(usize, Comparison)>) -> Vec<(usize, Comparison)> {
+    let bounds = |c: &Comparison| match *c {
+        Comparison::Int(Operator::Eq, v) => Some((v, v)),
+        Comparison::Int(Operator::Gt, v) => Some((v.checked_add(1)?, i64::MAX)),
+        Comparison::Int(Operator::GtEq, v) => Some((v, i64::MAX)),
+        Comparison::Int(Operator::Lt, v) => Some((i64::MIN, v.checked_sub(1)?)),
+        Comparison::Int(Operator::LtEq, v) => Some((i64::MIN, v)),
+        _ => None,
+    };
+    let mut merged: Vec<(usize, Comparison)> = Vec::with_capacity(comparisons.len());
+    for (column, comparison) in comparisons {
+        let Some((lo, hi)) = bounds(&comparison) else {
+            merged.push((column, comparison));
+            continue;
+        };
+        let earlier = merged.iter_mut().find(|(c, m)| *c == column && (matches!(m, Comparison::IntRange(..)) || bounds(m).is_some()));
+        match earlier {
+            Some((_, m)) => {
+                let (lo0, hi0) = match *m {
+                    Comparison::IntRange(lo, hi) => (lo, hi),
+                    _ => bounds(m).expect("found by its bounds"),
+                };
+                *m = Comparison::IntRange(lo0.max(lo), hi0.min(hi));
+            }
+            None => merged.push((column, comparison)),
+        }
+    }
+    merged
 }
 
 impl Residual {
@@ -628,5 +669,33 @@ impl Selected {
         let batch = gather(&self.chunks, &job.projection, &job.schema, &self.alive[start..end])?;
         job.baseline.record_output(batch.num_rows());
         Ok(Some(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comparisons_bounding_a_column_become_one_range() {
+        let merged = merge_ranges(vec![
+            (0, Comparison::Int(Operator::GtEq, 1)),
+            (1, Comparison::Int(Operator::Eq, 7)),
+            (0, Comparison::Int(Operator::Lt, 21)),
+            (2, Comparison::Int(Operator::NotEq, 3)),
+            (0, Comparison::Int(Operator::Gt, 4)),
+            (2, Comparison::Int(Operator::LtEq, 9)),
+        ]);
+        assert_eq!(
+            merged,
+            vec![
+                (0, Comparison::IntRange(5, 20)),
+                (1, Comparison::Int(Operator::Eq, 7)),
+                (2, Comparison::Int(Operator::NotEq, 3)),
+                (2, Comparison::Int(Operator::LtEq, 9)),
+            ]
+        );
+        // A bound that cannot be made inclusive stays as it is.
+        assert_eq!(merge_ranges(vec![(0, Comparison::Int(Operator::Lt, i64::MIN))]), vec![(0, Comparison::Int(Operator::Lt, i64::MIN))]);
     }
 }
