@@ -130,6 +130,9 @@ pub struct DeviceStats {
 pub struct QueryStats {
     /// Wall time from planning to the last row, milliseconds.
     pub wall_ms: f64,
+    /// Of that, the time to plan: the SQL's logical plan, its optimization and the physical
+    /// plan (placement included), milliseconds.
+    pub plan_ms: f64,
     /// Rows in the result.
     pub rows_returned: u64,
     /// Bytes read from segment files.

@@ -305,6 +305,14 @@ impl Parts {
     }
 }
 
+/// A hash of `plan` that is the same in every run (SipHash with fixed keys).
+fn canonical_hash(plan: &LogicalPlan) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    plan.hash(&mut hasher);
+    hasher.finish()
+}
+
 impl Region {
     /// The region rooted at `plan`, producing the `output` columns; `None` where it cannot be
     /// taken apart safely.
@@ -314,9 +322,11 @@ impl Region {
         if parts.relations.len() > MAX_RELATIONS {
             return Ok(None);
         }
-        // The canonical order: by plan text, whatever order the query named them in.
-        let mut plans: Vec<(String, LogicalPlan)> = parts.relations.into_iter().map(|p| (format!("{}", p.display_indent()), p)).collect();
-        plans.sort_by(|a, b| a.0.cmp(&b.0));
+        // The canonical order: by the plans' hashes (a fixed hasher's), whatever order the
+        // query named them in. (Their text, before, took most of the rule's time: TPC-DS q14
+        // formats subqueries of dozens of nodes.)
+        let mut plans: Vec<(u64, LogicalPlan)> = parts.relations.into_iter().map(|p| (canonical_hash(&p), p)).collect();
+        plans.sort_by_key(|(hash, _)| *hash);
         let mut relations: Vec<LogicalPlan> = plans.into_iter().map(|(_, p)| p).collect();
 
         let owner = |relations: &[LogicalPlan], column: &Column| relations.iter().position(|r| r.schema().index_of_column(column).is_ok());

@@ -402,30 +402,12 @@ impl PlacementRule {
             .map_or(LinkCodec::None, |(codec, _)| codec)
     }
 
-    /// Every fragment of `plan` with the model's prediction for it as it will run (EXPLAIN
-    /// shows it; `--stats` sets it beside the measured time for `quarry model check`).
-    fn predict_fragments(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        // The fragments under a host filter, which prunes their scans (`pruning_filters`), by
-        // address: a fragment has no children, so `transform_up` below hands over the same Arc.
-        let mut under_filter = HashSet::new();
-        plan.apply(|node| {
-            if let Some(filter) = node.downcast_ref::<FilterExec>()
-                && filter.input().is::<FragmentExec>()
-            {
-                under_filter.insert(Arc::as_ptr(filter.input()) as *const () as usize);
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
-        Ok(plan
-            .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
-                Some(fragment) => {
-                    let pruned = under_filter.contains(&(Arc::as_ptr(&node) as *const () as usize));
-                    let prediction = self.fragment_cost(fragment.root(), fragment.partitions(), pruned);
-                    Ok(Transformed::yes(Arc::new(fragment.with_prediction(self.as_fragment_prediction(&prediction), prediction.assumed)) as Arc<dyn ExecutionPlan>))
-                }
-                None => Ok(Transformed::no(node)),
-            })?
-            .data)
+    /// `fragment` with the model's prediction for it as it will run (EXPLAIN shows it;
+    /// `--stats` sets it beside the measured time for `quarry model check`); `pruned`: it lies
+    /// under a host filter, which prunes its scan (`pruning_filters`).
+    fn predicted(&self, fragment: &FragmentExec, pruned: bool) -> FragmentExec {
+        let prediction = self.fragment_cost(fragment.root(), fragment.partitions(), pruned);
+        fragment.with_prediction(self.as_fragment_prediction(&prediction), prediction.assumed)
     }
 
     /// A fragment partition's weighted memory demand (Hetero-DB's eq. (2), quarry-storage
@@ -650,20 +632,17 @@ fn unknown_rows(root: &Arc<dyn ExecutionPlan>) -> Vec<String> {
 impl PhysicalOptimizerRule for PlacementRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let plan = plan.transform_up(|node| self.visit(node))?.data;
-        if self.mode == PushdownMode::Off {
-            return self.predict_fragments(plan);
-        }
-        // How each pushed-down fragment ships: compression of what it sends, where it pays, and
-        // its weighted memory demand, for its node's admission.
-        let plan = plan
-            .transform_up(|node| match node.downcast_ref::<FragmentExec>() {
-                Some(fragment) if !fragment.is_passthrough() => {
-                    let shipped = fragment.with_shipping(self.link_codec(fragment), self.demand(fragment))?;
-                    Ok(Transformed::yes(Arc::new(shipped) as Arc<dyn ExecutionPlan>))
-                }
-                _ => Ok(Transformed::no(node)),
-            })?
-            .data;
+        // The fragments under a host filter, which prunes their scans (`pruning_filters`), by
+        // address: a fragment has no children, so `transform_up` below hands over the same Arc.
+        let mut under_filter = HashSet::new();
+        plan.apply(|node| {
+            if let Some(filter) = node.downcast_ref::<FilterExec>()
+                && filter.input().is::<FragmentExec>()
+            {
+                under_filter.insert(Arc::as_ptr(filter.input()) as *const () as usize);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
         // Join filters (the semi-join reduction) may go to the nodes, except in passthrough; a
         // bare fragment's, under `auto` on a device slower than the host, where this model says
         // the node's filter is faster. On a node with the host's CPU they go as measured: the
@@ -673,15 +652,25 @@ impl PhysicalOptimizerRule for PlacementRule {
         let slower_device = |fragment: &FragmentExec| {
             fragment.partitions().iter().any(|p| self.nodes.get(p.node.name()).is_some_and(|d| d.profile.compute_slowdown > 1.0))
         };
-        let accepting = plan.transform_up(|node| match node.downcast_ref::<FragmentExec>() {
-            Some(fragment) => {
-                let accepting = fragment.accepting_join_filters()?;
-                let priced = if self.mode == PushdownMode::Auto && slower_device(fragment) { accepting.with_join_filter_pricing(Arc::clone(&pricing)) } else { accepting };
-                Ok(Transformed::yes(Arc::new(priced) as Arc<dyn ExecutionPlan>))
-            }
-            None => Ok(Transformed::no(node)),
-        })?;
-        self.predict_fragments(accepting.data)
+        // Each fragment once (every change to a leaf rebuilds the plan above it): how a
+        // pushed-down fragment ships (compression of what it sends, where it pays, and its
+        // weighted memory demand, for its node's admission), its join filters, its prediction.
+        Ok(plan
+            .transform_up(|node| {
+                let Some(fragment) = node.downcast_ref::<FragmentExec>() else { return Ok(Transformed::no(node)) };
+                let pruned = under_filter.contains(&(Arc::as_ptr(&node) as *const () as usize));
+                let ready = match self.mode {
+                    PushdownMode::Off => self.predicted(fragment, pruned),
+                    _ => {
+                        let shipped = if fragment.is_passthrough() { None } else { Some(fragment.with_shipping(self.link_codec(fragment), self.demand(fragment))?) };
+                        let accepting = shipped.as_ref().unwrap_or(fragment).accepting_join_filters()?;
+                        let priced = if self.mode == PushdownMode::Auto && slower_device(&accepting) { accepting.with_join_filter_pricing(Arc::clone(&pricing)) } else { accepting };
+                        self.predicted(&priced, pruned)
+                    }
+                };
+                Ok(Transformed::yes(Arc::new(ready) as Arc<dyn ExecutionPlan>))
+            })?
+            .data)
     }
 
     fn name(&self) -> &str {

@@ -270,6 +270,7 @@ impl QuarrySession {
         check_read_only(&plan)?;
         let df = self.ctx.execute_logical_plan(plan).await?;
         let physical = df.create_physical_plan().await?;
+        let plan_ms = started.elapsed().as_secs_f64() * 1e3;
         let schema = physical.schema();
         let mut sink = sink_for(&schema)?;
         watch(QueryProgress::of(&physical));
@@ -285,6 +286,7 @@ impl QuarrySession {
             if analyze { held.push(batch) } else { sink.write_batch(&batch)? }
         }
         let mut stats = QueryStats::from_plan(&physical, started.elapsed().as_secs_f64() * 1e3, rows);
+        stats.plan_ms = plan_ms;
         stats.estimate_energy(&self.host_power, &self.device_power);
         if analyze {
             if let Some(energy) = &stats.energy {
