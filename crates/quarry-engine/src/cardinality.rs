@@ -17,6 +17,8 @@ use datafusion::logical_expr::utils::conjunction;
 use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::{Expr, JoinType, LogicalPlan, Operator};
 
+use crate::provider::StorageTable;
+
 /// Selectivity of a predicate the rules below do not cover (DuckDB and DataFusion use 0.2).
 const DEFAULT_SELECTIVITY: f64 = 0.2;
 /// Selectivity of `LIKE` with a pattern.
@@ -123,8 +125,19 @@ impl Estimate {
 pub fn estimate(plan: &LogicalPlan) -> Estimate {
     match plan {
         LogicalPlan::TableScan(scan) => {
-            let statistics = source_as_provider(&scan.source).ok().and_then(|p| p.statistics());
-            let Some(statistics) = statistics else { return Estimate::unknown(plan, UNKNOWN_ROWS) };
+            let provider = source_as_provider(&scan.source).ok();
+            // A stored table's statistics are read in place; another provider's are copied.
+            let owned;
+            let statistics = match provider.as_ref().and_then(|p| p.downcast_ref::<StorageTable>()) {
+                Some(table) => table.table_statistics(),
+                None => match provider.and_then(|p| p.statistics()) {
+                    Some(s) => {
+                        owned = s;
+                        &owned
+                    }
+                    None => return Estimate::unknown(plan, UNKNOWN_ROWS),
+                },
+            };
             let rows = statistics.num_rows.get_value().map_or(UNKNOWN_ROWS, |&n| n as f64);
             let source_schema = scan.source.schema();
             let mut columns = HashMap::new();

@@ -274,9 +274,17 @@ struct Parts {
     equalities: Vec<(Expr, Expr)>,
     conditions: Vec<Expr>,
     semis: Vec<Join>,
+    /// Whether the relations' own regions are ordered as they are collected.
+    order_relations: bool,
 }
 
 impl Parts {
+    /// `plan` as a relation of the region: its own regions ordered first, when asked (it is
+    /// consumed by name).
+    fn relation(&self, plan: &LogicalPlan) -> Result<LogicalPlan> {
+        if self.order_relations { rewrite_relation(plan) } else { Ok(plan.clone()) }
+    }
+
     fn walk(&mut self, plan: &LogicalPlan) -> Result<()> {
         match plan {
             LogicalPlan::Join(join) if is_inner(join) => {
@@ -290,7 +298,7 @@ impl Parts {
             LogicalPlan::Join(join) if is_semi(join) => {
                 self.walk(&join.left)?;
                 let mut join = join.clone();
-                join.right = Arc::new(rewrite_relation(&join.right)?);
+                join.right = Arc::new(self.relation(&join.right)?);
                 self.semis.push(join);
             }
             LogicalPlan::Projection(p) if continues_region(plan) => self.walk(&p.input)?,
@@ -298,8 +306,10 @@ impl Parts {
                 self.conditions.extend(split_conjunction(&f.predicate).into_iter().cloned());
                 self.walk(&f.input)?;
             }
-            // A relation: its own regions are ordered first (it is consumed by name).
-            other => self.relations.push(rewrite_relation(other)?),
+            other => {
+                let relation = self.relation(other)?;
+                self.relations.push(relation);
+            }
         }
         Ok(())
     }
@@ -317,7 +327,17 @@ impl Region {
     /// The region rooted at `plan`, producing the `output` columns; `None` where it cannot be
     /// taken apart safely.
     pub(crate) fn collect(plan: &LogicalPlan, output: Vec<Column>) -> Result<Option<Region>> {
-        let mut parts = Parts::default();
+        Self::collect_relations(plan, output, true)
+    }
+
+    /// [`Self::collect`] of a plan whose relations' own regions are already ordered (the
+    /// join-ordering rule ran): they are taken as they are, not ordered again.
+    pub(crate) fn collect_ordered(plan: &LogicalPlan, output: Vec<Column>) -> Result<Option<Region>> {
+        Self::collect_relations(plan, output, false)
+    }
+
+    fn collect_relations(plan: &LogicalPlan, output: Vec<Column>, order_relations: bool) -> Result<Option<Region>> {
+        let mut parts = Parts { order_relations, ..Parts::default() };
         parts.walk(plan)?;
         if parts.relations.len() > MAX_RELATIONS {
             return Ok(None);

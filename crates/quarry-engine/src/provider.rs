@@ -1,6 +1,6 @@
 //! DataFusion catalog integration: the node's tables appear as SQL tables.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -69,7 +69,7 @@ impl SchemaProvider for NodeSchemaProvider {
         if parts.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Arc::new(StorageTable { parts })))
+        Ok(Some(Arc::new(StorageTable { parts, statistics: OnceLock::new() })))
     }
 
     fn table_exist(&self, name: &str) -> bool {
@@ -81,9 +81,21 @@ impl SchemaProvider for NodeSchemaProvider {
 #[derive(Debug)]
 pub struct StorageTable {
     parts: Vec<(Arc<dyn StorageNode>, TableInfo)>,
+    /// The whole table's statistics, merged over the nodes once: the planner's estimates ask
+    /// for them at every relation of every region (TPC-DS q14 asked hundreds of times).
+    statistics: OnceLock<Statistics>,
 }
 
 impl StorageTable {
+    /// The whole table's statistics (for the join-ordering rule's estimates), merged once.
+    pub fn table_statistics(&self) -> &Statistics {
+        self.statistics.get_or_init(|| {
+            let columns = (0..self.info().schema.fields().len()).map(|i| self.column_statistics(i)).collect();
+            let decoded_bytes = (self.total_rows() as f64 * crate::placement::row_width(&self.info().schema)) as u64;
+            scan_statistics(self.total_rows(), decoded_bytes, columns, false)
+        })
+    }
+
     fn info(&self) -> &TableInfo {
         &self.parts[0].1
     }
@@ -156,11 +168,8 @@ impl TableProvider for StorageTable {
         TableType::Base
     }
 
-    /// The whole table's statistics (for the join-ordering rule's estimates).
     fn statistics(&self) -> Option<Statistics> {
-        let columns = (0..self.info().schema.fields().len()).map(|i| self.column_statistics(i)).collect();
-        let decoded_bytes = (self.total_rows() as f64 * crate::placement::row_width(&self.info().schema)) as u64;
-        Some(scan_statistics(self.total_rows(), decoded_bytes, columns, false))
+        Some(self.table_statistics().clone())
     }
 
     /// Filters over this table's columns can run on the node; anything else (subqueries,
@@ -189,7 +198,7 @@ impl TableProvider for StorageTable {
         };
         let schema = Arc::new(info.schema.project(&indices)?);
         let projection = indices.iter().map(|&i| info.schema.field(i).name().clone()).collect();
-        let columns = indices.iter().map(|&i| self.column_statistics(i)).collect();
+        let columns = indices.iter().map(|&i| self.table_statistics().column_statistics[i].clone()).collect();
         let stored_bytes = self.projected_bytes(&indices);
         let string_bytes_per_row = self.string_bytes_per_row(&indices);
         // DataFusion's byte sizes are decoded sizes: it builds a hash join on the side with

@@ -35,7 +35,7 @@ use futures::{StreamExt, TryStreamExt};
 use quarry_model::sharing::Demand;
 use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::page_select::Comparison;
-use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, encode_fragment};
+use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, built_fragment, encode_fragment};
 
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot, ProbeKeySet};
 use crate::placement::Placement;
@@ -469,7 +469,13 @@ impl FragmentExec {
 /// (TPC-H Q03: 5.85M `lineitem` rows had four columns gathered for a host filter that kept
 /// 302K). Other conjuncts (two columns compared, LIKE) cost the node more than they save. The
 /// filters above still run, on rows that all pass.
-fn with_join_filters(root: Arc<dyn ExecutionPlan>, join_filters: &[Arc<dyn PhysicalExpr>], key_sets: &[ProbeKeySet], pruning_filters: &[Arc<dyn PhysicalExpr>]) -> Result<Arc<dyn ExecutionPlan>> {
+fn with_join_filters(
+    root: Arc<dyn ExecutionPlan>,
+    join_filters: &[Arc<dyn PhysicalExpr>],
+    key_sets: &[ProbeKeySet],
+    pruning_filters: &[Arc<dyn PhysicalExpr>],
+    in_process: bool,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let mut conjuncts = Vec::new();
     for filter in join_filters {
         let snapshot = snapshot_physical_expr(Arc::clone(filter))?;
@@ -493,8 +499,12 @@ fn with_join_filters(root: Arc<dyn ExecutionPlan>, join_filters: &[Arc<dyn Physi
     }
     let shippable: Vec<_> = conjuncts
         .into_iter()
-        // A key set always travels; encoding it only to find that out would cost a sort of its keys.
-        .filter(|c| c.downcast_ref::<KeySetExpr>().is_some() || FilterExec::try_new(Arc::clone(c), Arc::clone(&root)).is_ok_and(|f| encode_fragment(Arc::new(f)).is_ok()))
+        // A key set always travels; encoding it only to find that out would cost a sort of its
+        // keys. A node in this process takes the plan unencoded (see `FragmentPlan`).
+        .filter(|c| {
+            c.downcast_ref::<KeySetExpr>().is_some()
+                || FilterExec::try_new(Arc::clone(c), Arc::clone(&root)).is_ok_and(|f| in_process || encode_fragment(Arc::new(f)).is_ok())
+        })
         .collect();
     let Some(predicate) = conjunction_opt(shippable) else { return Ok(root) };
     if let Some(filter) = root.downcast_ref::<FilterExec>()
@@ -523,8 +533,8 @@ impl JoinFilterDecision {
     /// Whether the node runs the filter the join filters make: the model's price of the
     /// fragment with that filter, passing the share of rows the keys are expected to (each
     /// list's or set's keys over its column's estimated distinct values), beats passthrough.
-    fn node_filters(&self, join_filters: &[Arc<dyn PhysicalExpr>], key_sets: &[ProbeKeySet], pruning_filters: &[Arc<dyn PhysicalExpr>]) -> Result<bool> {
-        let filtered = with_join_filters(Arc::clone(&self.root), join_filters, key_sets, pruning_filters)?;
+    fn node_filters(&self, join_filters: &[Arc<dyn PhysicalExpr>], key_sets: &[ProbeKeySet], pruning_filters: &[Arc<dyn PhysicalExpr>], in_process: bool) -> Result<bool> {
+        let filtered = with_join_filters(Arc::clone(&self.root), join_filters, key_sets, pruning_filters, in_process)?;
         let Some(filter) = filtered.downcast_ref::<FilterExec>() else { return Ok(true) };
         let statistics = crate::placement::plan_statistics(&self.root);
         let distinct = |column: &str| {
@@ -704,20 +714,20 @@ impl ExecutionPlan for FragmentExec {
             let bare = bound.is::<ScanLeafExec>();
             let (mut key_sets, mut host_key_sets): (Vec<_>, Vec<_>) = key_sets.into_iter().partition(|set| set.selective() || (!node.in_process() && !bare));
             if let Some(decision) = pricing.filter(|_| bare)
-                && !decision.node_filters(&join_filters, &key_sets, &pruning_filters)?
+                && !decision.node_filters(&join_filters, &key_sets, &pruning_filters, node.in_process())?
             {
                 // Kept on the host: the join filters there, the key sets in the host's filter.
                 join_filters.clear();
                 host_key_sets.append(&mut key_sets);
             }
-            let fragment = with_join_filters(bound, &join_filters, &key_sets, &pruning_filters)?;
+            let fragment = with_join_filters(bound, &join_filters, &key_sets, &pruning_filters, node.in_process())?;
             let host_filter = HostKeyFilter::new(&host_key_sets, &stored_schema, host_dropped, &pool)?;
             let stream = match stored {
                 Some((leaf, segments, predicate, context)) if fragment.is::<ScanLeafExec>() => {
                     stored_scan(node, &leaf, &segments, stored_schema, predicate, context, progress)?
                 }
                 _ => {
-                    let mut encoded = encode_fragment(fragment)?;
+                    let mut encoded = if node.in_process() { built_fragment(fragment) } else { encode_fragment(fragment)? };
                     encoded.link_codec = link_codec;
                     encoded.demand = demand;
                     encoded.progress = progress;

@@ -178,7 +178,7 @@ fn star_join(aggregate: &Aggregate, original: &LogicalPlan) -> Result<Option<Sta
     }
 
     let needed: Vec<Column> = groups.iter().chain(aggregates.iter().filter_map(|(_, a)| a.as_ref())).flat_map(|e| e.column_refs()).cloned().collect::<BTreeSet<_>>().into_iter().collect();
-    let Some(region) = Region::collect(input, needed)? else { return Ok(None) };
+    let Some(region) = Region::collect_ordered(input, needed)? else { return Ok(None) };
     if !region.conditions.is_empty() || !region.semis.is_empty() || region.relations.len() < 2 {
         return Ok(None);
     }

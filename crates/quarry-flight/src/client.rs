@@ -255,7 +255,7 @@ impl StorageNode for RemoteStorageNode {
 
     async fn execute(&self, fragment: Fragment) -> Result<ScanStream> {
         let mut client = self.client.0.clone();
-        let response = client.do_get(Ticket { ticket: encode_ticket(&fragment) }).await.map_err(|s| self.error(s))?;
+        let response = client.do_get(Ticket { ticket: encode_ticket(&fragment)? }).await.map_err(|s| self.error(s))?;
         let node = self.clone();
         // Messages without data carry the node's reports: progress goes to the fragment's
         // slot; the statistics, in the last one, are taken out before decoding.

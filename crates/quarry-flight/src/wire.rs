@@ -11,7 +11,7 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 pub use quarry_storage::BeginWrite;
-use quarry_storage::{Fragment, LinkCodec, ScanStats, SegmentColumn, SegmentInfo, SortedCopy, TableInfo};
+use quarry_storage::{Fragment, FragmentPlan, LinkCodec, ScanStats, SegmentColumn, SegmentInfo, SortedCopy, TableInfo, encode_plan};
 use quarry_table::{PageEncoding, Zones};
 use serde::{Deserialize, Serialize};
 
@@ -44,12 +44,13 @@ pub mod action {
 const TICKET_MARK: u8 = b'Q';
 
 /// A fragment as a `do_get` ticket: the mark, the link codec's tag, then the encoded plan.
-pub fn encode_ticket(fragment: &Fragment) -> bytes::Bytes {
-    let mut ticket = Vec::with_capacity(fragment.plan.len() + TICKET_HEADER);
+pub fn encode_ticket(fragment: &Fragment) -> Result<bytes::Bytes> {
+    let plan = encode_plan(&fragment.plan)?;
+    let mut ticket = Vec::with_capacity(plan.len() + TICKET_HEADER);
     ticket.extend_from_slice(&[TICKET_MARK, fragment.link_codec.tag()]);
     ticket.extend_from_slice(&fragment.demand.to_le_bytes());
-    ticket.extend_from_slice(&fragment.plan);
-    ticket.into()
+    ticket.extend_from_slice(&plan);
+    Ok(ticket.into())
 }
 
 /// A ticket's bytes before the plan: the mark, the link codec's tag, the demand (u64, LE).
@@ -62,7 +63,7 @@ pub fn decode_ticket(ticket: bytes::Bytes) -> std::result::Result<Fragment, Stri
     };
     let link_codec = LinkCodec::from_tag(tag).ok_or_else(|| format!("the fragment ticket asks for link codec {tag}, which this node does not know"))?;
     let demand = u64::from_le_bytes(demand.try_into().expect("eight bytes"));
-    Ok(Fragment { plan: ticket.slice(TICKET_HEADER..), link_codec, demand, progress: Default::default() })
+    Ok(Fragment { plan: FragmentPlan::Encoded(ticket.slice(TICKET_HEADER..)), link_codec, demand, progress: Default::default() })
 }
 
 /// A `do_get` response's messages without data (no IPC header): reports of the node's progress

@@ -18,7 +18,7 @@ use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use futures::TryStreamExt;
 use quarry_flight::{RemoteStorageNode, ServeOptions, serve};
-use quarry_storage::{Fragment, LinkCodec, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, encode_fragment};
+use quarry_storage::{Fragment, FragmentPlan, LinkCodec, LocalStorageNode, ScanLeaf, ScanLeafExec, ScanMessage, SegmentRead, StorageNode, built_fragment, encode_fragment};
 use quarry_table::{SegmentOptions, Warehouse, WriteMode};
 
 mod fault_sim;
@@ -63,12 +63,17 @@ fn leaf(table: &str, segments: Vec<String>, projection: &[&str], schema: SchemaR
     ScanLeafExec::new(leaf, schema)
 }
 
-async fn run(node: &RemoteStorageNode, fragment: Fragment) -> datafusion::error::Result<Vec<ScanMessage>> {
+async fn run(node: &dyn StorageNode, fragment: Fragment) -> datafusion::error::Result<Vec<ScanMessage>> {
     node.execute(fragment).await?.try_collect().await
 }
 
-async fn rejected(node: &RemoteStorageNode, plan: Arc<dyn ExecutionPlan>) -> String {
-    match run(node, encode_fragment(plan).unwrap()).await {
+/// `plan` as the host sends it to `node`: encoded, or as built for a node in its process.
+fn fragment_for(node: &dyn StorageNode, plan: Arc<dyn ExecutionPlan>) -> Fragment {
+    if node.in_process() { built_fragment(plan) } else { encode_fragment(plan).unwrap() }
+}
+
+async fn rejected(node: &dyn StorageNode, plan: Arc<dyn ExecutionPlan>) -> String {
+    match run(node, fragment_for(node, plan)).await {
         Ok(messages) => panic!("the node ran a bad fragment and returned {} messages", messages.len()),
         Err(e) => e.to_string(),
     }
@@ -80,6 +85,36 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
     let (warehouse, segment) = warehouse(dir.path());
     let url = start_node(warehouse).await;
     let node = RemoteStorageNode::connect(&url, Some(TOKEN), None).await.unwrap();
+    rejects_bad_fragments(&node, Some(&url), &segment).await;
+    // Bytes that are no plan.
+    for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {
+        let error = run(&node, Fragment { plan: FragmentPlan::Encoded(bytes::Bytes::copy_from_slice(garbage)), link_codec: LinkCodec::None, demand: 0, progress: Default::default() }).await.unwrap_err().to_string();
+        assert!(error.contains("fragment rejected: the plan does not decode"), "{garbage:?}: {error}");
+        assert!(!error.contains("bug report") && !error.contains('\n'), "one line in Quarry's words: {error}");
+    }
+}
+
+/// A node in the host's process takes plans built there without encoding them, and checks
+/// them as it checks decoded ones: the same fragments are rejected with the same errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_in_process_checks_built_fragments_as_decoded_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (warehouse, segment) = warehouse(dir.path());
+    let node = LocalStorageNode::new(warehouse);
+    assert!(node.in_process());
+    rejects_bad_fragments(&node, None, &segment).await;
+    // A leaf that claims columns of another type than the table's.
+    let info = node.table_info("t").await.unwrap();
+    let claimed = Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
+    let plan = leaf("t", vec![], &["id"], claimed).with_segments(info.version, vec![segment]);
+    let error = rejected(&node, Arc::new(plan)).await;
+    assert!(error.contains("does not have the table's columns"), "{error}");
+}
+
+/// The fragments every node rejects, whether they came encoded or built, and a good one it
+/// still runs after them; `name`, how errors name the node (a remote one's URL).
+async fn rejects_bad_fragments(node: &dyn StorageNode, name: Option<&str>, segment: &str) {
+    let segment = segment.to_string();
     let info = node.table_info("t").await.unwrap();
     assert_eq!(info.total_rows(), 1000);
     let version = info.version;
@@ -88,58 +123,51 @@ async fn node_rejects_bad_fragments_and_keeps_serving() {
 
     // A table named by a file path.
     for table in ["/etc/passwd", "../t", "t/data", "t/../t"] {
-        let error = rejected(&node, Arc::new(with_version(leaf(table, vec![], &["id"], Arc::clone(&both))))).await;
+        let error = rejected(node, Arc::new(with_version(leaf(table, vec![], &["id"], Arc::clone(&both))))).await;
         assert!(error.contains("not found"), "{table}: {error}");
-        assert!(error.contains(&url), "the error names the node: {error}");
+        assert!(name.is_none_or(|name| error.contains(name)), "the error names the node: {error}");
     }
     // A segment named by a file path, or one the table does not have.
     for id in ["../../etc/passwd", "data/x.parquet", "nope"] {
         let plan = leaf("t", vec![id.into()], &["id"], Arc::clone(&both)).with_segments(version, vec![id.into()]);
-        let error = rejected(&node, Arc::new(plan)).await;
+        let error = rejected(node, Arc::new(plan)).await;
         assert!(error.contains(&format!("no segment '{id}'")), "{id}: {error}");
     }
     // An unknown column.
     let plan = with_version(leaf("t", vec![], &["id", "secret"], Arc::clone(&both)));
-    let error = rejected(&node, Arc::new(plan)).await;
+    let error = rejected(node, Arc::new(plan)).await;
     assert!(error.contains("has no column 'secret'"), "{error}");
     // A filter whose column is not its input's column of that name at that index.
     let scan: Arc<dyn ExecutionPlan> = Arc::new(with_version(leaf("t", vec![], &["id", "value"], Arc::clone(&both))));
     for column in [Column::new("value", 0), Column::new("nope", 1)] {
         let predicate = Arc::new(BinaryExpr::new(Arc::new(column.clone()), Operator::Gt, lit(5i64)));
         let filter = FilterExec::try_new(predicate, Arc::clone(&scan)).unwrap();
-        let error = rejected(&node, Arc::new(filter)).await;
+        let error = rejected(node, Arc::new(filter)).await;
         assert!(error.contains(&format!("unknown column '{}'", column.name())), "{column}: {error}");
     }
     // Operators a node does not run: a sort without a limit, a limit (the leaf carries it), a
     // join type placement never pushes.
     let order = LexOrdering::new(vec![PhysicalSortExpr::new_default(Arc::new(Column::new("id", 0)))]).unwrap();
     let sort = SortExec::new(order.clone(), Arc::clone(&scan));
-    let error = rejected(&node, Arc::new(sort)).await;
+    let error = rejected(node, Arc::new(sort)).await;
     assert!(error.contains("only top-k sorts"), "{error}");
     let top_k = SortExec::new(order, Arc::clone(&scan)).with_fetch(Some(3));
-    let messages = run(&node, encode_fragment(Arc::new(top_k)).unwrap()).await.unwrap();
+    let messages = run(node, fragment_for(node, Arc::new(top_k))).await.unwrap();
     assert_eq!(messages.iter().map(|m| if let ScanMessage::Batch(b) = m { b.num_rows() } else { 0 }).sum::<usize>(), 3, "a top-k runs");
-    let error = rejected(&node, Arc::new(LocalLimitExec::new(Arc::clone(&scan), 5))).await;
+    let error = rejected(node, Arc::new(LocalLimitExec::new(Arc::clone(&scan), 5))).await;
     assert!(error.contains("operator LocalLimitExec is not run in storage"), "{error}");
     let on = vec![(Arc::new(Column::new("id", 0)) as _, Arc::new(Column::new("id", 0)) as _)];
     for (join_type, runs) in [(JoinType::Left, false), (JoinType::LeftAnti, false), (JoinType::Inner, true)] {
         let join = HashJoinExec::try_new(Arc::clone(&scan), Arc::clone(&scan), on.clone(), None, &join_type, None, PartitionMode::CollectLeft, NullEquality::NullEqualsNothing, false).unwrap();
-        match run(&node, encode_fragment(Arc::new(join)).unwrap()).await {
+        match run(node, fragment_for(node, Arc::new(join))).await {
             Ok(messages) => assert!(runs, "{join_type} ran: {} messages", messages.len()),
             Err(e) => assert!(!runs && e.to_string().contains(&format!("join type {join_type} is not run in storage")), "{join_type}: {e}"),
         }
     }
-    // Bytes that are no plan.
-    for garbage in [&b""[..], b"\x00\x01\x02garbage", &[0xff; 64]] {
-        let error = run(&node, Fragment { plan: bytes::Bytes::copy_from_slice(garbage), link_codec: LinkCodec::None, demand: 0, progress: Default::default() }).await.unwrap_err().to_string();
-        assert!(error.contains("fragment rejected: the plan does not decode"), "{garbage:?}: {error}");
-        assert!(!error.contains("bug report") && !error.contains('\n'), "one line in Quarry's words: {error}");
-    }
-
     // Still serving, and a good fragment gives the right rows.
     let predicate = Arc::new(BinaryExpr::new(Arc::new(Column::new("id", 0)), Operator::Lt, lit(10i64)));
     let filter = FilterExec::try_new(predicate, scan).unwrap();
-    let messages = run(&node, encode_fragment(Arc::new(filter)).unwrap()).await.unwrap();
+    let messages = run(node, fragment_for(node, Arc::new(filter))).await.unwrap();
     let rows: usize = messages.iter().map(|m| if let ScanMessage::Batch(b) = m { b.num_rows() } else { 0 }).sum();
     assert_eq!(rows, 10);
     assert!(matches!(messages.last(), Some(ScanMessage::Finished(_))));
@@ -240,7 +268,7 @@ async fn compressed_links_carry_the_same_rows_in_fewer_bytes() {
     for codec in LinkCodec::ALL {
         let mut fragment = encode_fragment(Arc::clone(&plan)).unwrap();
         fragment.link_codec = codec;
-        ticket_bytes = quarry_flight::wire::encode_ticket(&fragment).len() as u64;
+        ticket_bytes = quarry_flight::wire::encode_ticket(&fragment).unwrap().len() as u64;
         let messages = run(&node, fragment).await.unwrap();
         let batches: Vec<RecordBatch> = messages.iter().filter_map(|m| if let ScanMessage::Batch(b) = m { Some(b.clone()) } else { None }).collect();
         let Some(ScanMessage::Finished(stats)) = messages.last() else { panic!("{codec:?}: no closing statistics") };
@@ -303,7 +331,7 @@ async fn filtered_strings_cross_the_link_once() {
     // decoding the strings of the rows that pass.
     let predicate = Arc::new(BinaryExpr::new(Arc::new(Column::new("bucket", 1)), Operator::Eq, lit(0i64)));
     let plan: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(predicate, scan).unwrap());
-    let ticket = quarry_flight::wire::encode_ticket(&encode_fragment(plan).unwrap());
+    let ticket = quarry_flight::wire::encode_ticket(&encode_fragment(plan).unwrap()).unwrap();
 
     let channel = tonic::transport::Endpoint::from_shared(url.replace("grpc://", "http://")).unwrap().connect().await.unwrap();
     let mut client = arrow_flight::flight_service_client::FlightServiceClient::new(channel).max_decoding_message_size(256 << 20);
@@ -428,7 +456,7 @@ mod fuzz {
         let filter = Arc::new(super::FilterExec::try_new(predicate, Arc::clone(&scan)).unwrap());
         let seeds: Vec<Vec<u8>> = [scan, filter]
             .into_iter()
-            .map(|plan| encode_ticket(&Fragment { link_codec: LinkCodec::Lz4, ..encode_fragment(plan).unwrap() }).to_vec())
+            .map(|plan| encode_ticket(&Fragment { link_codec: LinkCodec::Lz4, ..encode_fragment(plan).unwrap() }).unwrap().to_vec())
             .collect();
         let ctx = TaskContext::default();
         let resolve: LeafResolver = Arc::new(|_| Ok(super::schema()));

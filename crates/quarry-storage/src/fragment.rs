@@ -33,7 +33,7 @@ use prost::Message;
 
 use quarry_table::PageEncoding;
 
-use crate::api::{Fragment, LinkCodec, ScanLeaf};
+use crate::api::{Fragment, FragmentPlan, LinkCodec, ScanLeaf};
 use crate::key_set::{KeySet, KeySetExpr};
 use crate::node_ops::{NodeOp, refusal};
 use crate::star::{StarDimensionExec, StarProbeExec, decode_probe, encode_probe};
@@ -287,18 +287,52 @@ pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Fragment> {
     encode_with(plan, false)
 }
 
-fn encode_with(plan: Arc<dyn ExecutionPlan>, planning: bool) -> Result<Fragment> {
-    let codec = LeafCodec { resolve: None, planning };
-    Ok(Fragment { plan: physical_plan_to_bytes_with_extension_codec(plan, &codec)?, link_codec: LinkCodec::None, demand: 0, progress: Default::default() })
+/// A fragment of `plan` for a node in this process: not encoded (see [`FragmentPlan`]).
+pub fn built_fragment(plan: Arc<dyn ExecutionPlan>) -> Fragment {
+    Fragment { plan: FragmentPlan::Built(plan), link_codec: LinkCodec::None, demand: 0, progress: Default::default() }
 }
 
-/// Decodes a fragment, resolving each leaf with `resolve`, then checks it with
-/// [`validate_fragment`]. Decoding untrusted bytes runs under `catch_unwind`: a malformed
-/// fragment must produce an error, never take the node down.
+fn encode_with(plan: Arc<dyn ExecutionPlan>, planning: bool) -> Result<Fragment> {
+    let codec = LeafCodec { resolve: None, planning };
+    let plan = FragmentPlan::Encoded(physical_plan_to_bytes_with_extension_codec(plan, &codec)?);
+    Ok(Fragment { plan, link_codec: LinkCodec::None, demand: 0, progress: Default::default() })
+}
+
+/// The bytes of a fragment's plan, for a wire: encoded now if it was built in this process.
+pub fn encode_plan(plan: &FragmentPlan) -> Result<bytes::Bytes> {
+    match plan {
+        FragmentPlan::Encoded(bytes) => Ok(bytes.clone()),
+        FragmentPlan::Built(plan) => match encode_fragment(Arc::clone(plan))?.plan {
+            FragmentPlan::Encoded(bytes) => Ok(bytes),
+            FragmentPlan::Built(_) => unreachable!("encode_fragment encodes"),
+        },
+    }
+}
+
+/// A fragment's plan, checked, its leaves resolved with `resolve`. Encoded bytes are decoded,
+/// under `catch_unwind` (untrusted bytes: a malformed fragment must produce an error, never
+/// take the node down); a plan built in this process has each leaf resolved as decoding
+/// would, and must have the schema that gives. Either is then checked by
+/// [`validate_fragment`].
 pub fn decode_fragment(fragment: &Fragment, ctx: &TaskContext, resolve: LeafResolver) -> Result<Arc<dyn ExecutionPlan>> {
+    let bytes = match &fragment.plan {
+        FragmentPlan::Encoded(bytes) => bytes,
+        FragmentPlan::Built(plan) => {
+            plan.apply(|node| {
+                if let Some(leaf) = node.downcast_ref::<ScanLeafExec>()
+                    && resolve(&leaf.leaf)?.fields() != leaf.schema.fields()
+                {
+                    return plan_err!("fragment: leaf of table '{}' does not have the table's columns", leaf.leaf.table);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+            validate_fragment(plan)?;
+            return Ok(Arc::clone(plan));
+        }
+    };
     let codec = LeafCodec { resolve: Some(resolve), planning: false };
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        physical_plan_from_bytes_with_extension_codec(&fragment.plan, ctx, &codec)
+        physical_plan_from_bytes_with_extension_codec(bytes, ctx, &codec)
     }))
     .map_err(|_| plan_datafusion_err!("fragment: malformed plan (the decoder failed)"))?
     .map_err(|e| plan_datafusion_err!("fragment rejected: the plan does not decode: {}", decode_reason(&e)))?;

@@ -28,9 +28,9 @@ pub mod verified_store;
 pub mod view_compaction;
 pub mod zones;
 
-pub use api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentColumn, SegmentInfo, SegmentRead, SortedCopy, StorageNode, TableInfo, batch_wire_bytes};
+pub use api::{BeginWrite, Fragment, FragmentPlan, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentColumn, SegmentInfo, SegmentRead, SortedCopy, StorageNode, TableInfo, batch_wire_bytes};
 pub use catalog::{scan_schema, table_error};
-pub use fragment::{ScanLeafExec, check_shippable, decode_fragment, encode_fragment, validate_fragment};
+pub use fragment::{ScanLeafExec, built_fragment, check_shippable, decode_fragment, encode_fragment, encode_plan, validate_fragment};
 pub use grace_join::GraceHashJoinExec;
 pub use node_job::{NodeJob, NodeJobs};
 pub use node_ops::{NODE_JOIN_TYPES, NODE_OPS, NodeOp};

@@ -117,8 +117,15 @@ impl DeviceProfile {
 
     /// Worker threads, defaulting to the machine's cores.
     pub fn threads(&self) -> usize {
-        self.device_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        self.device_threads.unwrap_or_else(machine_cores)
     }
+}
+
+/// The cores this process may use, asked once: `available_parallelism` reads the cgroup's
+/// files on every call, and the placement rule asks for every fragment it prices.
+fn machine_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// A device's memory when its profile names none.
