@@ -14,6 +14,7 @@ pub mod decimal_division;
 pub mod few_group_sums;
 pub mod fragment_timing;
 pub mod filter_estimate;
+pub mod grouping_sets;
 pub mod join_order;
 pub mod key_set_filter;
 pub mod keyed_aggregate;

@@ -27,6 +27,7 @@ use quarry_storage::{Calibration, StorageNode};
 
 use crate::accounting::QueryStats;
 use crate::filter_estimate::FilterEstimateRule;
+use crate::grouping_sets::GroupingSetRule;
 use crate::join_order::JoinOrderRule;
 use crate::key_set_filter::KeySetRule;
 use crate::keyed_aggregate::KeyedAggregateRule;
@@ -158,7 +159,10 @@ impl QuarrySession {
             builder = builder.with_runtime_env(RuntimeEnvBuilder::new().with_memory_pool(Arc::new(pool)).build_arc()?);
         }
         let builder = builder
-            // The magic-set rule first: the semi joins it adds are placed by join ordering.
+            // Grouping sets over pre-aggregated rows first: the plain aggregate it adds below
+            // them is ordered, and may become a star join, like any other.
+            .with_optimizer_rule(Arc::new(GroupingSetRule))
+            // The magic-set rule next: the semi joins it adds are placed by join ordering.
             .with_optimizer_rule(Arc::new(MagicSetRule))
             .with_optimizer_rule(Arc::new(JoinOrderRule));
         let state = if options.star_join { with_star_joins(builder) } else { builder }.build();
