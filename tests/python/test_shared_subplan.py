@@ -3,7 +3,8 @@
 Method: a CTE holding a grouped aggregate, named twice. When both occurrences end up as the
 same plan, EXPLAIN must show it computed once (an owning `SharedExec` and a reading one) and
 EXPLAIN ANALYZE must show the fact table scanned once; when they differ (a filter on a group key
-pushed into one of them), or the aggregate is not grouped, nothing is shared. Every result is
+pushed into one of them), or the aggregate is not grouped, nothing is shared. A CTE that joins
+the fact to a dimension is shared too (its join's dynamic filter is filled inside it). Every result is
 checked against DuckDB on the same files: NULL and duplicated group keys, an empty input,
 occurrences read by a scalar subquery, a join and a UNION ALL.
 """
@@ -20,6 +21,7 @@ TABLES = {
     "fact": ("k,g,v\n1,a,5\n1,a,7\n2,b,1\n,b,3\n3,c,8\n2,,2\n4,a,9\n1,c,4\n,a,6\n5,b,9\n",
              "k INT, g VARCHAR, v INT"),
     "empty_fact": ("k,g,v\n", "k INT, g VARCHAR, v INT"),
+    "dim": ("k,name\n1,one\n2,two\n3,odd\n4,odd\n", "k INT, name VARCHAR"),
 }
 
 PER_K = "with s as (select k, sum(v) as total, count(*) as n from fact group by k) "
@@ -38,6 +40,9 @@ QUERIES = [
     (PER_K + "select a.k, a.total, b.n from s a, s b where a.total = b.total + 1", False),
     # not grouped
     ("with s as (select sum(v) as t from fact) select t from s union all select t + 1 from s", False),
+    # a join inside the CTE: the key set its join pushes into the fact's scan is the CTE's own
+    ("with s as (select d.name, sum(f.v) as total from fact f join dim d on f.k = d.k group by d.name) "
+     "select * from s where total > 10 union all select * from s where total <= 10", True),
 ]
 
 OWNER = re.compile(r"SharedExec: subplan 1 computed once for its 2 occurrences")
@@ -62,8 +67,9 @@ def test_repeated_aggregate_is_computed_once(shared_warehouse, sql, shared):
     assert bool(re.search("SharedExec", plan)) == shared, f"{sql}\n{plan}"
 
 
-def test_shared_aggregate_scans_its_table_once(shared_warehouse):
-    sql, _ = QUERIES[0]
+@pytest.mark.parametrize("index", [0, len(QUERIES) - 1], ids=["aggregate", "join"])
+def test_shared_aggregate_scans_its_table_once(shared_warehouse, index):
+    sql, _ = QUERIES[index]
     analyzed = explain(shared_warehouse, sql, analyze=True)
     scans = re.findall(r"FragmentExec[^\n]*table=fact", analyzed)
     assert len(scans) == 1, analyzed

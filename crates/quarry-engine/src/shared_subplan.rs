@@ -9,11 +9,14 @@
 //! the session's memory pool), and every occurrence reads them from there.
 //!
 //! The same text means the same computation with one exception: a dynamic filter (a hash
-//! join's key set, pushed into its probe side) is filled by the join above that occurrence, so a
-//! subplan that reads one is never shared. An aggregate's output is usually small beside its
-//! input; it is what DuckDB materializes for a CTE as well.
+//! join's key set, pushed into its probe side) filled by a join above that occurrence differs
+//! between occurrences, so a subplan that reads one is never shared. One filled by a join inside
+//! the subplan is part of its computation (TPC-DS q23's CTEs join `store_sales` to `date_dim`
+//! and `customer`, and are named by both branches of a UNION: not sharing them scanned
+//! `store_sales` six times). An aggregate's output is usually small beside its input; it is what
+//! DuckDB materializes for a CTE as well.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +38,7 @@ use futures::{StreamExt, TryStreamExt};
 use quarry_storage::batch_wire_bytes;
 
 use crate::scan::FragmentExec;
+use crate::star_exec::StarAggregateExec;
 
 /// The rule (see the module docs).
 #[derive(Debug, Default)]
@@ -70,25 +74,34 @@ fn fingerprint(plan: &Arc<dyn ExecutionPlan>) -> String {
     displayable(plan.as_ref()).indent(true).to_string()
 }
 
-/// A grouped final aggregate over storage fragments that reads no dynamic filter.
+/// A grouped final aggregate (or a star join's, which is one) over storage fragments that reads
+/// no dynamic filter but those its own joins fill.
 fn is_shareable(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
-    let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else { return Ok(false) };
-    let grouped_final = !aggregate.group_expr().is_empty()
-        && matches!(aggregate.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned | AggregateMode::Single | AggregateMode::SinglePartitioned);
+    let grouped_final = match plan.downcast_ref::<AggregateExec>() {
+        Some(aggregate) => {
+            !aggregate.group_expr().is_empty()
+                && matches!(aggregate.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned | AggregateMode::Single | AggregateMode::SinglePartitioned)
+        }
+        None => plan.is::<StarAggregateExec>(),
+    };
     if !grouped_final {
         return Ok(false);
     }
-    let (mut reads_storage, mut dynamic) = (false, false);
+    let (mut reads_storage, mut filled_inside, mut read) = (false, HashSet::new(), Vec::new());
     plan.apply(|node| {
         reads_storage |= node.downcast_ref::<FragmentExec>().is_some();
+        filled_inside.extend(node.dynamic_expressions_produced().iter().map(|e| e.expression_id()));
         node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
             expr.apply(|e| {
-                dynamic |= e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
-                Ok(if dynamic { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+                if e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() {
+                    read.push(e.expression_id());
+                }
+                Ok(TreeNodeRecursion::Continue)
             })
         })
     })?;
-    Ok(reads_storage && !dynamic)
+    // A filter without an identity cannot be placed: taken as filled outside.
+    Ok(reads_storage && read.iter().all(|id| id.is_some() && filled_inside.contains(id)))
 }
 
 /// `plan` with every occurrence of a subplan in `occurrences` replaced by a [`SharedExec`]; the
