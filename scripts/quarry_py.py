@@ -787,6 +787,26 @@ def compare_results(
     return Comparison(False, header + "\n".join(lines))
 
 
+def assert_file_query_equals_duckdb(warehouse, con, path: Path, out_dir: Path) -> None:
+    """Runs the query in ``path`` in Quarry over ``warehouse`` and in DuckDB (``con``, over the
+    same segments) and asserts their results are equal (see :func:`compare_query_results`)."""
+    sql = path.read_text(encoding="utf-8")
+    quarry = quarry_query(warehouse, file=path, out_dir=out_dir)
+    duck = duckdb_result(con, sql)
+    cmp = compare_query_results(sql, quarry, duck)
+    assert cmp, (
+        f"{path.parent.name}/{path.name}: Quarry and DuckDB disagree\n{cmp}\n"
+        f"quarry types: {quarry.types}\nduckdb types: {duck.types}"
+    )
+
+
+def logical_plan(warehouse, sql: str) -> str:
+    """The optimized logical plan of ``sql`` (EXPLAIN's text between its two plans)."""
+    out = run_quarry(["sql", "--format", "csv", f"EXPLAIN {sql}"], warehouse).stdout
+    assert "logical_plan" in out and "physical_plan" in out, out
+    return out[out.index("logical_plan"):out.index("physical_plan")]
+
+
 def compare_query_results(sql: str, quarry: Result, duck: Result, **kw) -> Comparison:
     """Compare two :class:`Result` objects of the same SQL: ordered (with tie groups) when the
     SQL has a top-level ORDER BY, otherwise order-insensitive."""

@@ -73,25 +73,14 @@ def test_tpch_tables(tpch_warehouse, tpch_duck, tmp_path):
     assert duck == {"nation": 25, "region": 5}
 
 
-def _differential(warehouse, con, path, tmp_path):
-    sql = path.read_text(encoding="utf-8")
-    quarry = q.quarry_query(warehouse, file=path, out_dir=tmp_path)
-    duck = q.duckdb_result(con, sql)
-    cmp = q.compare_query_results(sql, quarry, duck)
-    assert cmp, (
-        f"{path.parent.name}/{path.name}: Quarry and DuckDB disagree\n{cmp}\n"
-        f"quarry types: {quarry.types}\nduckdb types: {duck.types}"
-    )
-
-
 @pytest.mark.parametrize("path", SSB_FILES, ids=[f"ssb-{p.stem}" for p in SSB_FILES])
 def test_ssb_query(ssb_warehouse, ssb_duck, path, tmp_path):
-    _differential(ssb_warehouse, ssb_duck, path, tmp_path)
+    q.assert_file_query_equals_duckdb(ssb_warehouse, ssb_duck, path, tmp_path)
 
 
 @pytest.mark.parametrize("path", TPCH_FILES, ids=[f"tpch-{p.stem}" for p in TPCH_FILES])
 def test_tpch_query(tpch_warehouse, tpch_duck, path, tmp_path):
-    _differential(tpch_warehouse, tpch_duck, path, tmp_path)
+    q.assert_file_query_equals_duckdb(tpch_warehouse, tpch_duck, path, tmp_path)
 
 
 def test_tpch_q11_fraction_scales(tpch_warehouse, tpch_duck, tmp_path):

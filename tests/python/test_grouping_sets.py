@@ -60,15 +60,9 @@ QUERIES = [
 ]
 
 
-def logical_plan(warehouse, sql: str) -> str:
-    out = q.run_quarry(["sql", "--format", "csv", f"EXPLAIN {sql}"], warehouse).stdout
-    assert "logical_plan" in out and "physical_plan" in out, out
-    return out[out.index("logical_plan"):out.index("physical_plan")]
-
-
 @pytest.mark.parametrize("sql,pre_aggregated", QUERIES, ids=[f"q{i}" for i in range(len(QUERIES))])
 def test_grouping_sets_run_over_a_pre_aggregation(sets_warehouse, sql, pre_aggregated):
-    plan = logical_plan(sets_warehouse, sql)
+    plan = q.logical_plan(sets_warehouse, sql)
     assert ("__quarry_partial_" in plan) == pre_aggregated, f"{sql}\n{plan}"
 
 

@@ -81,15 +81,9 @@ QUERIES = [
 ]
 
 
-def logical_plan(warehouse, sql: str) -> str:
-    out = q.run_quarry(["sql", "--format", "csv", f"EXPLAIN {sql}"], warehouse).stdout
-    assert "logical_plan" in out and "physical_plan" in out, out
-    return out[out.index("logical_plan"):out.index("physical_plan")]
-
-
 @pytest.mark.parametrize("sql,restricted", QUERIES, ids=[f"q{i}" for i in range(len(QUERIES))])
 def test_grouped_subquery_is_restricted_to_the_outer_keys(magic_warehouse, sql, restricted):
-    plan = logical_plan(magic_warehouse, sql)
+    plan = q.logical_plan(magic_warehouse, sql)
     assert bool(MAGIC.search(plan)) == restricted, f"{sql}\n{plan}"
 
 

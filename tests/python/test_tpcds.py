@@ -53,14 +53,7 @@ def test_tables_hold_what_dsdgen_made(tpcds_warehouse, tpcds_duck, tmp_path):
 
 @pytest.mark.parametrize("path", TPCDS_FILES, ids=[f"tpcds-{p.stem}" for p in TPCDS_FILES])
 def test_tpcds_query(tpcds_warehouse, tpcds_duck, path, tmp_path):
-    sql = path.read_text(encoding="utf-8")
-    quarry = q.quarry_query(tpcds_warehouse, file=path, out_dir=tmp_path)
-    duck = q.duckdb_result(tpcds_duck, sql)
-    cmp = q.compare_query_results(sql, quarry, duck)
-    assert cmp, (
-        f"tpcds/{path.name}: Quarry and DuckDB disagree\n{cmp}\n"
-        f"quarry types: {quarry.types}\nduckdb types: {duck.types}"
-    )
+    q.assert_file_query_equals_duckdb(tpcds_warehouse, tpcds_duck, path, tmp_path)
 
 
 def test_bench_runs_the_suite_on_the_warehouse_it_finds(tpcds_warehouse, quarry_bin, tmp_path):
