@@ -100,7 +100,7 @@ pub struct LocalStorageNode {
     stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
     /// Committed table versions that fragments named, parsed once (a version never changes
     /// once committed; a manifest of a large table is a megabyte of JSON).
-    snapshots: std::sync::Mutex<HashMap<(String, u64), Arc<TableSnapshot>>>,
+    snapshots: Arc<SnapshotCache>,
     /// Write transactions hosts began, by id.
     writes: std::sync::Mutex<HashMap<String, PendingWrite>>,
     next_write: AtomicU64,
@@ -220,6 +220,36 @@ async fn scrub_paced(
 /// Table versions remembered for fragments before the memo starts over.
 const SNAPSHOTS_REMEMBERED: usize = 256;
 
+/// Committed table versions that fragments named, parsed once: a version never changes once
+/// committed (versions only grow, even across a table's replacement), and its manifest is
+/// tens of kilobytes to a megabyte of JSON, which every fragment partition would parse again.
+struct SnapshotCache {
+    warehouse: Warehouse,
+    parsed: std::sync::Mutex<HashMap<(String, u64), Arc<TableSnapshot>>>,
+}
+
+impl std::fmt::Debug for SnapshotCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotCache").field("parsed", &self.parsed.lock().map(|p| p.len()).unwrap_or(0)).finish()
+    }
+}
+
+impl SnapshotCache {
+    fn get(&self, table: &str, version: u64) -> Result<Arc<TableSnapshot>> {
+        let key = (table.to_string(), version);
+        if let Some(snapshot) = self.parsed.lock().expect("snapshots lock").get(&key) {
+            return Ok(Arc::clone(snapshot));
+        }
+        let snapshot = Arc::new(self.warehouse.table_version(table, version).map_err(table_error)?);
+        let mut parsed = self.parsed.lock().expect("snapshots lock");
+        if parsed.len() >= SNAPSHOTS_REMEMBERED {
+            parsed.clear();
+        }
+        parsed.insert(key, Arc::clone(&snapshot));
+        Ok(snapshot)
+    }
+}
+
 /// Segments remembered for passthrough reads before the memo starts over.
 const STORED_SEGMENTS_REMEMBERED: usize = 100_000;
 
@@ -293,7 +323,7 @@ impl LocalStorageNode {
             admission: MemoryAdmission::new(memory),
             counters: Arc::new(NodeCounters::default()),
             stored_segments: Default::default(),
-            snapshots: Default::default(),
+            snapshots: Arc::new(SnapshotCache { warehouse: warehouse.clone(), parsed: Default::default() }),
             writes: Default::default(),
             next_write: AtomicU64::new(0),
             write_lease: DEFAULT_WRITE_LEASE,
@@ -468,7 +498,7 @@ impl LocalStorageNode {
         if let Some(found) = self.stored_segments.lock().expect("segments lock").get(&key) {
             return Ok(found.clone());
         }
-        let snapshot = self.warehouse.table_version(&read.table, read.version).map_err(table_error)?;
+        let snapshot = self.snapshots.get(&read.table, read.version)?;
         let [segment] = select_segments(&snapshot, std::slice::from_ref(&read.segment))?[..] else {
             return internal_err!("one segment id selects one segment");
         };
@@ -483,9 +513,9 @@ impl LocalStorageNode {
 
     /// Checks a leaf against the catalog and returns the schema it produces.
     fn resolver(&self) -> LeafResolver {
-        let warehouse = self.warehouse.clone();
+        let snapshots = Arc::clone(&self.snapshots);
         Arc::new(move |leaf: &ScanLeaf| {
-            let snapshot = warehouse.table_version(&leaf.table, leaf.version).map_err(table_error)?;
+            let snapshot = snapshots.get(&leaf.table, leaf.version)?;
             select_segments(&snapshot, &leaf.segments)?;
             let schema = scan_schema(&snapshot.schema);
             let mut seen = HashSet::new();
@@ -619,17 +649,7 @@ impl LocalStorageNode {
     /// The table version a leaf names.
     fn leaf_snapshot(&self, leaf: &ScanLeafExec) -> Result<Arc<TableSnapshot>> {
         let request = leaf.leaf();
-        let key = (request.table.clone(), request.version);
-        if let Some(snapshot) = self.snapshots.lock().expect("snapshots lock").get(&key) {
-            return Ok(Arc::clone(snapshot));
-        }
-        let snapshot = Arc::new(self.warehouse.table_version(&request.table, request.version).map_err(table_error)?);
-        let mut snapshots = self.snapshots.lock().expect("snapshots lock");
-        if snapshots.len() >= SNAPSHOTS_REMEMBERED {
-            snapshots.clear();
-        }
-        snapshots.insert(key, Arc::clone(&snapshot));
-        Ok(snapshot)
+        self.snapshots.get(&request.table, request.version)
     }
 
     /// A filter directly over a leaf of a table with PLAIN pages, as a [`PlainSelectExec`]
@@ -830,7 +850,8 @@ impl StorageNode for LocalStorageNode {
     }
 
     async fn table_info(&self, table: &str) -> Result<TableInfo> {
-        Ok(table_info(&self.warehouse.table(table).map_err(table_error)?))
+        let version = self.warehouse.current_version(table).map_err(table_error)?;
+        Ok(table_info(&*self.snapshots.get(table, version)?))
     }
 
     async fn scrub(&self, tables: Vec<String>) -> Result<ScrubReport> {

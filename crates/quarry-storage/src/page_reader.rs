@@ -84,13 +84,19 @@ struct ByteValues {
     data: Bytes,
     /// `offsets[i]..offsets[i + 1]` is value `i`.
     offsets: Vec<u32>,
+    /// Whether every value is UTF-8, once checked: a dictionary is gathered from batch after
+    /// batch.
+    utf8: std::sync::OnceLock<bool>,
 }
 
 impl ByteValues {
     /// Checks that every value is UTF-8: the whole buffer is, and no value starts inside a
     /// character.
     fn check_utf8(&self) -> Result<()> {
-        if std::str::from_utf8(&self.data).is_err() || self.offsets.iter().any(|&o| self.data.get(o as usize).is_some_and(|&b| (b as i8) < -0x40)) {
+        let utf8 = *self
+            .utf8
+            .get_or_init(|| std::str::from_utf8(&self.data).is_ok() && !self.offsets.iter().any(|&o| self.data.get(o as usize).is_some_and(|&b| (b as i8) < -0x40)));
+        if !utf8 {
             return unsupported("a string that is not UTF-8");
         }
         Ok(())
@@ -118,7 +124,7 @@ impl ByteValues {
             packed.extend_from_slice(&data[start..start + len]);
             offsets.push(packed.len() as u32);
         }
-        Ok(ByteValues { data: Bytes::from(packed), offsets })
+        Ok(ByteValues { data: Bytes::from(packed), offsets, utf8: std::sync::OnceLock::new() })
     }
 
     fn len(&self) -> usize {
@@ -280,30 +286,28 @@ impl Indices {
         }
     }
 
-    /// Appends `values[index]` for the indices of `page` (which these are) at `rows`
-    /// (increasing, within the page) to `out`; false if an index is past `values`. Where most
-    /// of the page is wanted, it is decoded whole (into `scratch`) and picked from: a run
-    /// search and a bit extraction per row cost more than that.
-    fn gather<T: Copy>(&self, rows: &[u32], first_row: usize, values: &[T], scratch: &mut Vec<u32>, out: &mut Vec<T>) -> bool {
-        let count = self.len();
-        if !decode_whole_page(rows.len(), count) {
-            let mut ok = true;
-            self.for_positions(rows.iter().map(|&r| r as usize - first_row), |_, i| match values.get(i as usize) {
-                Some(&v) => out.push(v),
-                None => ok = false,
-            });
+    /// Appends `value(index)` for the indices of `page` (which these are) at `rows`
+    /// (increasing, within the page) to `out`; false if an index has no value (past the
+    /// dictionary). Only the rows asked for are looked up, so a large dictionary costs nothing
+    /// per batch. Where most of the page is wanted, it is decoded whole (into `scratch`) and
+    /// picked from: a run search and a bit extraction per row cost more than that.
+    fn gather<T>(&self, rows: &[u32], first_row: usize, value: impl Fn(u32) -> Option<T>, scratch: &mut Vec<u32>, out: &mut Vec<T>) -> bool {
+        let mut ok = true;
+        let mut push = |i: u32| match value(i) {
+            Some(v) => out.push(v),
+            None => ok = false,
+        };
+        if !decode_whole_page(rows.len(), self.len()) {
+            self.for_positions(rows.iter().map(|&r| r as usize - first_row), |_, i| push(i));
             return ok;
         }
         self.decode_all(scratch);
-        if scratch.iter().copied().max().is_some_and(|max| max as usize >= values.len()) {
-            return false;
-        }
-        if rows.len() == count {
-            out.extend(scratch.iter().map(|&i| values[i as usize]));
+        if rows.len() == scratch.len() {
+            scratch.iter().for_each(|&i| push(i));
         } else {
-            out.extend(rows.iter().map(|&r| values[scratch[r as usize - first_row] as usize]));
+            rows.iter().for_each(|&r| push(scratch[r as usize - first_row]));
         }
-        true
+        ok
     }
 
     /// Every index of the page, in order, into `out` (cleared first).
@@ -711,9 +715,9 @@ impl ColumnChunk {
     /// The integer values at `rows` (increasing), each converted. A page whose rows are all
     /// wanted is decoded in one pass; others value by value.
     fn gather_ints<T: Copy + Default>(&self, rows: &[u32], convert: impl Fn(i64) -> T) -> Result<Vec<T>> {
-        let dictionary: Vec<T> = match &self.dictionary {
-            Some(Dictionary::Ints(values)) => values.iter().map(|&v| convert(v)).collect(),
-            _ => Vec::new(),
+        let dictionary: &[i64] = match &self.dictionary {
+            Some(Dictionary::Ints(values)) => values,
+            _ => &[],
         };
         let mut out = Vec::with_capacity(rows.len());
         let mut bad = false;
@@ -722,7 +726,7 @@ impl ColumnChunk {
             PageBody::Plain { width: 0, .. } => {}
             PageBody::Plain { data, width } if in_page.len() == values => out.extend(data.chunks_exact(*width).take(values).map(|b| convert(int_at(b, *width, 0)))),
             PageBody::Plain { data, width } => out.extend(in_page.iter().map(|&r| convert(int_at(data, *width, r as usize - first_row)))),
-            PageBody::Indices(indices) => bad |= !indices.gather(in_page, first_row, &dictionary, &mut scratch, out),
+            PageBody::Indices(indices) => bad |= !indices.gather(in_page, first_row, |i| dictionary.get(i as usize).map(|&v| convert(v)), &mut scratch, out),
             PageBody::PlainBytes(_) => unreachable!("an integer column"),
         });
         if bad { unsupported("a dictionary index past the dictionary") } else { Ok(out) }
@@ -750,14 +754,16 @@ impl ColumnChunk {
     /// dictionary's and the PLAIN pages'), each buffer checked to be UTF-8 once.
     fn gather_views(&self, rows: &[u32], nulls: Option<NullBuffer>) -> Result<StringViewArray> {
         let mut buffers: Vec<Buffer> = Vec::new();
-        let dictionary_views: Vec<u128> = match &self.dictionary {
+        let dictionary = match &self.dictionary {
             Some(Dictionary::Bytes(values)) => {
                 values.check_utf8()?;
                 buffers.push(Buffer::from(values.data.clone()));
-                (0..values.len()).map(|i| make_view(values.value(i), 0, values.offsets[i])).collect()
+                Some(values)
             }
-            _ => Vec::new(),
+            _ => None,
         };
+        // Block 0 is the dictionary's buffer.
+        let dictionary_view = |i: u32| dictionary.filter(|d| (i as usize) < d.len()).map(|d| make_view(d.value(i as usize), 0, d.offsets[i as usize]));
         let mut views = Vec::with_capacity(rows.len());
         let mut bad = false;
         let mut scratch = Vec::new();
@@ -775,7 +781,7 @@ impl ColumnChunk {
                     make_view(values.value(i), block, values.offsets[i])
                 }));
             }
-            PageBody::Indices(indices) => bad |= !indices.gather(in_page, first_row, &dictionary_views, &mut scratch, views),
+            PageBody::Indices(indices) => bad |= !indices.gather(in_page, first_row, dictionary_view, &mut scratch, views),
             // A page of NULLs only holds no values.
             PageBody::Plain { width: 0, .. } => {}
             PageBody::Plain { .. } => unreachable!("a byte-string column"),

@@ -612,6 +612,10 @@ impl SelectJob {
                 let alive = narrowed.then_some(self.alive.as_slice());
                 self.kept.clear();
                 self.codes.clear();
+                // At most every row tested passes: room for all at once, not grown by copying.
+                let tested = alive.map_or(rows, <[u32]>::len);
+                self.kept.reserve(tested);
+                self.codes.reserve(tested);
                 s.test.keep(chunks[s.column].as_ref().expect("read"), alive, &mut self.kept, &mut self.codes);
                 s.seen += alive.map_or(rows, <[u32]>::len) as u64;
                 s.kept += self.kept.len() as u64;

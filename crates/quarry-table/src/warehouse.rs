@@ -143,6 +143,11 @@ impl Warehouse {
 
     /// The committed version of a table.
     pub fn table(&self, name: &str) -> Result<TableSnapshot> {
+        self.table_version(name, self.current_version(name)?)
+    }
+
+    /// The version of table `name` that is committed now (what [`Self::table`] reads).
+    pub fn current_version(&self, name: &str) -> Result<u64> {
         validate_table_name(name)?;
         let dir = self.root.join(name);
         let current = dir.join(CURRENT_FILE);
@@ -151,11 +156,10 @@ impl Warehouse {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(TableError::TableNotFound(name.into())),
             Err(e) => return Err(TableError::io("reading", current)(e)),
         };
-        let version = parse_manifest_file_name(&manifest_name).ok_or_else(|| TableError::CorruptManifest {
+        parse_manifest_file_name(&manifest_name).ok_or_else(|| TableError::CorruptManifest {
             path: current.clone(),
             reason: format!("'{manifest_name}' is not a manifest file name"),
-        })?;
-        self.table_version(name, version)
+        })
     }
 
     /// A specific retained version of a table (for scans planned against that version).
