@@ -1213,6 +1213,31 @@ mod tests {
     }
 
     #[test]
+    fn gathered_indices_are_looked_up_and_one_past_the_dictionary_fails() {
+        // 64 two-bit indices cycling 0, 1, 2, 3 in one bit-packed run (8 groups), then padding
+        // for the unpacker's reads past a group's start.
+        let mut page = vec![2u8, (8 << 1) | 1];
+        page.extend([0b11_10_01_00u8; 16]);
+        page.extend([0u8; 8]);
+        let indices = Indices::parse(Bytes::from(page), 64).expect("a valid page");
+        let gather = |dictionary: &[i64], rows: &[u32]| {
+            let mut out = Vec::new();
+            let ok = indices.gather(rows, 0, |i| dictionary.get(i as usize).copied(), &mut Vec::new(), &mut out);
+            ok.then_some(out)
+        };
+        let all: Vec<u32> = (0..64).collect();
+        let full = [10, 20, 30, 40];
+        assert_eq!(gather(&full, &all), Some((0..64).map(|i| 10 * (i % 4 + 1)).collect()));
+        // One row of 64 is looked up by its run, not by decoding the page.
+        assert!(!decode_whole_page(1, 64));
+        assert_eq!(gather(&full, &[6]), Some(vec![30]));
+        // A damaged page's index 3 has no value in a dictionary of three, whichever way it is read.
+        assert_eq!(gather(&full[..3], &all), None);
+        assert_eq!(gather(&full[..3], &[7]), None);
+        assert_eq!(gather(&full[..3], &[6]), Some(vec![30]));
+    }
+
+    #[test]
     fn bit_reads_cross_byte_and_buffer_ends() {
         let data = [0b1010_1100u8, 0b0101_0011, 0xFF];
         assert_eq!(read_bits(&data, 0, 3), 0b100);
