@@ -98,8 +98,7 @@ pub struct LocalStorageNode {
     /// Segments that passthrough reads found in their version's manifest: their file and size
     /// (segments never change once committed, so a read need not parse the manifest again).
     stored_segments: std::sync::Mutex<HashMap<(String, u64, String), (ObjectPath, u64)>>,
-    /// Committed table versions that fragments named, parsed once (a version never changes
-    /// once committed; a manifest of a large table is a megabyte of JSON).
+    /// Committed table versions, each parsed once (shared with the leaf resolver).
     snapshots: Arc<SnapshotCache>,
     /// Write transactions hosts began, by id.
     writes: std::sync::Mutex<HashMap<String, PendingWrite>>,
@@ -217,12 +216,13 @@ async fn scrub_paced(
     scrub.await.map_err(|e| DataFusionError::Execution(format!("scrub failed: {e}")))?
 }
 
-/// Table versions remembered for fragments before the memo starts over.
+/// Table versions remembered before the memo starts over.
 const SNAPSHOTS_REMEMBERED: usize = 256;
 
-/// Committed table versions that fragments named, parsed once: a version never changes once
-/// committed (versions only grow, even across a table's replacement), and its manifest is
-/// tens of kilobytes to a megabyte of JSON, which every fragment partition would parse again.
+/// Committed table versions that table_info, fragments' leaves and passthrough reads name,
+/// parsed once: a version never changes once committed (versions only grow, even across a
+/// table's replacement), and its manifest is tens of kilobytes to a megabyte of JSON, which
+/// every fragment partition would otherwise parse again.
 struct SnapshotCache {
     warehouse: Warehouse,
     parsed: std::sync::Mutex<HashMap<(String, u64), Arc<TableSnapshot>>>,
