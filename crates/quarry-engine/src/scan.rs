@@ -33,6 +33,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable};
 use futures::{StreamExt, TryStreamExt};
 use quarry_model::sharing::Demand;
+use quarry_storage::constant_keys::hide_constant_order;
 use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::page_select::Comparison;
 use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, built_fragment, encode_fragment};
@@ -617,12 +618,14 @@ impl DisplayAs for FragmentExec {
         if !self.assumed.is_empty() {
             write!(f, ", assumed: [{}]", self.assumed.join("; "))?;
         }
-        // The node-side plan, innermost last, on one line.
+        // The node-side plan, innermost last, on one line; an aggregate as the node binds it
+        // (ordered only by constant keys, it runs unordered).
         let mut storage_side = Vec::new();
         self.root
             .apply(|plan| {
                 let op = NodeOp::of(plan.as_ref()).map_or("not a node operator", NodeOp::name);
-                storage_side.push(format!("{op}: {}", displayable(plan.as_ref()).one_line().to_string().trim()));
+                let bound = hide_constant_order(plan).ok().flatten();
+                storage_side.push(format!("{op}: {}", displayable(bound.as_ref().unwrap_or(plan).as_ref()).one_line().to_string().trim()));
                 Ok(TreeNodeRecursion::Continue)
             })
             .expect("visiting a plan cannot fail");

@@ -23,6 +23,7 @@ use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
 use futures::StreamExt;
 use quarry_model::energy::{COMPONENTS, DevicePower, Energy, HostPower, joules};
+use quarry_storage::constant_keys::ConstantKeysRule;
 use quarry_storage::{Calibration, StorageNode};
 
 use crate::accounting::QueryStats;
@@ -200,6 +201,10 @@ impl QuarrySession {
         // Decimal arithmetic in 64 bits, on the host's operators (after placement: what goes to
         // a node is DataFusion's own plan).
         rules.push(Arc::new(DecimalArithRule));
+        // Aggregates ordered only by constant keys as plain hash aggregates, once no rule adds
+        // an aggregate or changes an input's order (before the few-groups rule, which takes
+        // unordered partial aggregates only).
+        rules.push(Arc::new(ConstantKeysRule));
         // Partial aggregates over few groups, after the decimal rewrite whose expressions they
         // take over.
         rules.push(Arc::new(SmallGroupAggregateRule));

@@ -46,6 +46,8 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use quarry_storage::constant_keys::HideConstantsExec;
+
 use crate::decimal_arith::{Narrow, NarrowDecimalExpr};
 use crate::few_group_sums::{FewGroupSums, rows_per_group};
 use crate::placement::plan_statistics;
@@ -95,7 +97,12 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan
     if aggregate.filter_expr().iter().any(Option::is_some) || aggregate.aggr_expr().iter().any(|a| a.is_distinct() || !a.order_bys().is_empty() || !a.groups_accumulator_supported()) {
         return Ok(None);
     }
-    let input = aggregate.input();
+    // Below an aggregate ordered only by constant keys, the constants are hidden (the rule that
+    // does so runs first): the rows are the input's.
+    let input = match aggregate.input().downcast_ref::<HideConstantsExec>() {
+        Some(hidden) => hidden.input(),
+        None => aggregate.input(),
+    };
     let schema = input.schema();
     let Some(statistics) = plan_statistics(input) else { return Ok(None) };
     let mut key_columns = Vec::with_capacity(groups.expr().len());

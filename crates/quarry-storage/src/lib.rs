@@ -10,6 +10,7 @@ pub mod admission;
 pub mod api;
 pub mod blocking;
 pub mod catalog;
+pub mod constant_keys;
 pub mod fragment;
 pub mod grace_join;
 pub mod key_set;

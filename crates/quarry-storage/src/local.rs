@@ -59,6 +59,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::api::{BeginWrite, Fragment, FragmentProgress, LinkCodec, NodeOperatorStats, ScanLeaf, ScanMessage, ScanStats, scan_counter, ScanStream, SegmentRead, StorageNode, TableInfo, batch_wire_bytes};
+use crate::constant_keys::hide_constant_order;
 use crate::catalog::{SegmentStatistics, check_segment_file, scan_schema, select_segments, table_error, table_info};
 use crate::fragment::{LeafResolver, ScanLeafExec, decode_fragment};
 use crate::plan_metrics::{operator_io, plan_metric_sum};
@@ -574,6 +575,10 @@ impl LocalStorageNode {
                 children.push(self.bind(Arc::clone(child), stats).await?);
             }
             let plan = replace_children_if_necessary(plan, children)?;
+            // Rebuilt over the bound leaves, an aggregate sees their constants afresh.
+            if let Some(unordered) = hide_constant_order(&plan)? {
+                return Ok(unordered);
+            }
             if NodeOp::of(plan.as_ref()) == Some(NodeOp::Join) {
                 let join = plan.downcast_ref::<HashJoinExec>().expect("NodeOp::Join is a HashJoinExec");
                 // The device's memory bounds it; the pool it reserves from decides its share.
