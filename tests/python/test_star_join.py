@@ -108,6 +108,21 @@ def test_star_probe_runs_on_the_nodes(ssb1_nodes, tmp_path):
         check(args, tmp_path / "unused", con, sql, tmp_path, f"{query} with the dimensions built on the nodes")
 
 
+def test_a_dimension_named_by_several_star_joins_is_built_once(ssb1, tmp_path):
+    """Two star joins (the branches of a UNION ALL) over the same filtered `customer`: the
+    dimension is built by one of them and used by both (EXPLAIN says so on each, and only one
+    of the two dimension plans runs); a third branch filtering `customer` differently builds
+    its own. Results equal DuckDB's."""
+    wh, con = ssb1
+    branch = "select '{tag}' as half, c_nation, sum(lo_revenue) as rev, count(*) as n from lineorder, customer where lo_custkey = c_custkey and c_region = '{region}' and lo_discount {cond} group by c_nation"
+    sql = " union all ".join(branch.format(tag=t, region=r, cond=c) for t, r, c in (("a", "ASIA", "< 5"), ("b", "ASIA", ">= 5"), ("c", "EUROPE", "< 5")))
+    plan = explain([], wh, sql, analyze=True)
+    assert plan.count("built once for the query's star joins: [c_custkey@0]") == 2, plan
+    ran = [m for m in re.findall(r"StarDimensionExec: key=c_custkey@0, groups=\[[^\]]*\], metrics=\[([^\]]*)\]", plan)]
+    assert len(ran) == 3 and sum(1 for metrics in ran if "output_rows=" in metrics) == 2, ran
+    check([], wh, con, sql, tmp_path, "shared dimension")
+
+
 # ---------------------------------------------------------------------------------------------
 # Randomized star schemas
 # ---------------------------------------------------------------------------------------------
@@ -246,9 +261,14 @@ def test_a_repeated_dimension_key_falls_back_to_hash_joins(tmp_path, quarry_bin)
     sql = "select g, sum(v), count(*) from fact, dim where fk = k group by g"
     plan = explain([], wh, sql, analyze=True)
     assert "StarAggregateExec" in plan and "fallbacks=1" in plan, plan
+    # Two star joins sharing the dimension both fall back.
+    shared = f"{sql} union all select g, sum(v), count(*) from fact, dim where fk = k and v > 100 group by g"
+    plan = explain([], wh, shared, analyze=True)
+    assert plan.count("built once for the query's star joins") == 2 and plan.count("fallbacks=1") == 2, plan
     con = q.duckdb_connect(wh, threads=2)
     try:
         check([], wh, con, sql, tmp_path, "repeated key")
+        check([], wh, con, shared, tmp_path, "repeated key, shared dimension")
     finally:
         con.close()
 

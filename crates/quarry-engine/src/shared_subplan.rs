@@ -15,6 +15,10 @@
 //! and `customer`, and are named by both branches of a UNION: not sharing them scanned
 //! `store_sales` six times). An aggregate's output is usually small beside its input; it is what
 //! DuckDB materializes for a CTE as well.
+//!
+//! A star join's dimension is shared the same way, by the text of its plan: the star joins
+//! that name it build it once and each looks its fact rows up in the one result (TPC-DS q04's
+//! six star joins, one per channel and year, all grouped by the same `customer` columns).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -23,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use arrow::array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, internal_err};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -38,7 +42,7 @@ use futures::{StreamExt, TryStreamExt};
 use quarry_storage::batch_wire_bytes;
 
 use crate::scan::FragmentExec;
-use crate::star_exec::StarAggregateExec;
+use crate::star_exec::{DimensionCell, StarAggregateExec};
 
 /// The rule (see the module docs).
 #[derive(Debug, Default)]
@@ -46,6 +50,8 @@ pub struct SharedSubplanRule;
 
 impl PhysicalOptimizerRule for SharedSubplanRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        // Dimensions first: a star join's text names the dimensions it shares.
+        let plan = share_dimensions(plan)?;
         let mut occurrences: HashMap<String, usize> = HashMap::new();
         plan.apply(|node| {
             if is_shareable(node)? {
@@ -84,9 +90,11 @@ fn is_shareable(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
         }
         None => plan.is::<StarAggregateExec>(),
     };
-    if !grouped_final {
-        return Ok(false);
-    }
+    Ok(grouped_final && self_contained(plan)?)
+}
+
+/// Whether `plan` reads storage and no dynamic filter but those its own joins fill.
+fn self_contained(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
     let (mut reads_storage, mut filled_inside, mut read) = (false, HashSet::new(), Vec::new());
     plan.apply(|node| {
         reads_storage |= node.downcast_ref::<FragmentExec>().is_some();
@@ -120,6 +128,43 @@ fn share(plan: Arc<dyn ExecutionPlan>, occurrences: &HashMap<String, usize>, sha
     }
     let children = plan.children().into_iter().map(|child| share(Arc::clone(child), occurrences, shared)).collect::<Result<Vec<_>>>()?;
     replace_children_if_necessary(plan, children)
+}
+
+/// `plan` with the dimensions that several of its star joins build from the same plan built
+/// once: TPC-DS q04's six star joins each built the same 100K-row `customer` dimension.
+fn share_dimensions(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut occurrences: HashMap<String, usize> = HashMap::new();
+    plan.apply(|node| {
+        if let Some(star) = node.downcast_ref::<StarAggregateExec>() {
+            for dim in star.dimensions() {
+                if self_contained(&dim.plan)? {
+                    *occurrences.entry(fingerprint(&dim.plan)).or_default() += 1;
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    occurrences.retain(|_, n| *n > 1);
+    if occurrences.is_empty() {
+        return Ok(plan);
+    }
+    let mut cells: HashMap<String, DimensionCell> = HashMap::new();
+    let shared = plan.transform_up(|node| {
+        let Some(star) = node.downcast_ref::<StarAggregateExec>() else { return Ok(Transformed::no(node)) };
+        let shared: Vec<Option<DimensionCell>> = star
+            .dimensions()
+            .iter()
+            .map(|dim| {
+                let key = fingerprint(&dim.plan);
+                occurrences.contains_key(&key).then(|| Arc::clone(cells.entry(key).or_default()))
+            })
+            .collect();
+        if shared.iter().all(Option::is_none) {
+            return Ok(Transformed::no(node));
+        }
+        Ok(Transformed::yes(Arc::new(star.with_shared_dimensions(shared)?) as Arc<dyn ExecutionPlan>))
+    })?;
+    Ok(shared.data)
 }
 
 /// One shared subplan and, once computed, its output partitions.

@@ -37,6 +37,20 @@ pub struct StarDimensionPlan {
     pub plan: Arc<dyn ExecutionPlan>,
     pub key: String,
     pub positions: Vec<usize>,
+    /// Where the same dimension plan occurs in several star joins of a query, the one build
+    /// they all use (see [`crate::shared_subplan`]).
+    pub shared: Option<DimensionCell>,
+}
+
+/// A dimension built once for every star join of a query that names it: `None` inside when
+/// its keys repeat (each star join then runs its fallback).
+pub type DimensionCell = Arc<tokio::sync::OnceCell<Option<Arc<AssembledDimension>>>>;
+
+/// A dimension built: its lookup and, per grouped expression, its values by group code.
+#[derive(Debug)]
+pub struct AssembledDimension {
+    dimension: StarDimension,
+    values: Vec<ArrayRef>,
 }
 
 /// See the module docs. Children: the fact side, the dimensions, the fallback.
@@ -68,6 +82,19 @@ impl StarAggregateExec {
         &self.fallback
     }
 
+    pub fn dimensions(&self) -> &[StarDimensionPlan] {
+        &self.dims
+    }
+
+    /// The same star join, its dimensions built into `cells` where given (one per dimension).
+    pub fn with_shared_dimensions(&self, cells: Vec<Option<DimensionCell>>) -> Result<Self> {
+        if cells.len() != self.dims.len() {
+            return internal_err!("StarAggregateExec: {} shared cells for {} dimensions", cells.len(), self.dims.len());
+        }
+        let dims = self.dims.iter().zip(cells).map(|(d, shared)| StarDimensionPlan { shared, ..d.clone() }).collect();
+        Self::assemble(Arc::clone(&self.probe), Arc::clone(&self.spec), Arc::clone(&self.tables), dims, self.fact_distinct.clone(), self.group_count, Arc::clone(&self.fallback))
+    }
+
     fn assemble(probe: Arc<dyn ExecutionPlan>, spec: Arc<StarSpec>, tables: TablesCell, dims: Vec<StarDimensionPlan>, fact_distinct: Vec<f64>, group_count: usize, fallback: Arc<dyn ExecutionPlan>) -> Result<Self> {
         if dims.len() != spec.keys.len() || fact_distinct.len() != dims.len() {
             return internal_err!("StarAggregateExec: {} dimensions for {} keys", dims.len(), spec.keys.len());
@@ -81,6 +108,10 @@ impl StarAggregateExec {
 impl DisplayAs for StarAggregateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "StarAggregateExec: dimensions={}, keys=[{}]", self.dims.len(), self.dims.iter().map(|d| d.key.as_str()).collect::<Vec<_>>().join(", "))?;
+        let shared: Vec<&str> = self.dims.iter().filter(|d| d.shared.is_some()).map(|d| d.key.as_str()).collect();
+        if !shared.is_empty() {
+            write!(f, ", built once for the query's star joins: [{}]", shared.join(", "))?;
+        }
         if let Some(tables) = self.tables.get() {
             write!(f, ", probe order={:?}", tables.order)?;
         }
@@ -274,8 +305,18 @@ fn star_probe_in(root: &Arc<dyn ExecutionPlan>) -> Option<&StarProbeExec> {
     }
 }
 
-/// Builds a dimension from its pieces; `None` if a key repeats.
+/// The dimension for this star join, built here or (shared) by the first star join to ask;
+/// `None` if a key repeats.
 async fn build_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> Result<Option<BuiltDimension>> {
+    let assembled = match &dim.shared {
+        Some(cell) => cell.get_or_try_init(|| assemble_dimension(dim, context)).await?.clone(),
+        None => assemble_dimension(dim, context).await?,
+    };
+    Ok(assembled.map(|a| BuiltDimension { dimension: a.dimension.clone(), values: dim.positions.iter().copied().zip(a.values.iter().cloned()).collect() }))
+}
+
+/// Builds a dimension from its pieces; `None` if a key repeats.
+async fn assemble_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> Result<Option<Arc<AssembledDimension>>> {
     let pieces = collect(Arc::clone(&dim.plan), context).await?;
     let (keys, codes, values, groups) = match assemble(&pieces, dim.positions.len())? {
         Assembled::Rows { keys, codes, values, groups } => (keys, codes, values, groups),
@@ -285,8 +326,7 @@ async fn build_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> 
         Built::Unique(lookup) => lookup,
         Built::Duplicate(_) => return Ok(None),
     };
-    let values = dim.positions.iter().copied().zip(values).collect();
-    Ok(Some(BuiltDimension { dimension: StarDimension { lookup, groups }, values }))
+    Ok(Some(Arc::new(AssembledDimension { dimension: StarDimension { lookup, groups }, values })))
 }
 
 #[cfg(test)]

@@ -321,7 +321,7 @@ impl ExtensionPlanner for StarJoinPlanner {
                 let (positions, groups): (Vec<usize>, Vec<_>) = star.groups.iter().enumerate().filter(|(_, (g, _))| *g == d).map(|(i, (_, e))| Ok((i, expr(e, plan)?))).collect::<Result<Vec<_>>>()?.into_iter().unzip();
                 let label = key.to_string();
                 let plan = Arc::new(StarDimensionExec::try_new(Arc::clone(&physical_inputs[1 + d]), key, groups)?);
-                Ok(StarDimensionPlan { plan, key: label, positions })
+                Ok(StarDimensionPlan { plan, key: label, positions, shared: None })
             })
             .collect::<Result<Vec<_>>>()?;
         let fallback = Arc::clone(physical_inputs.last().expect("the fallback"));
