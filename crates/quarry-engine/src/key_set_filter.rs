@@ -34,7 +34,7 @@ use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMe
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
-use datafusion::physical_plan::{DisplayAs, ExecutionPlanProperties, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream, SendableRecordBatchStream};
+use datafusion::physical_plan::{ChildStats, DisplayAs, ExecutionPlanProperties, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream, SendableRecordBatchStream, Statistics, StatisticsArgs};
 use futures::{Stream, StreamExt};
 use quarry_storage::key_set::{self, KeySet};
 
@@ -261,6 +261,18 @@ impl ExecutionPlan for KeySetCollectExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    /// Its input's rows pass through.
+    fn statistics_from_inputs(&self, input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+        match input_stats {
+            [input] => Ok(Arc::clone(input)),
+            _ => datafusion::common::internal_err!("KeySetCollectExec has one input"),
+        }
     }
 }
 

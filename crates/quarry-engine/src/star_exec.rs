@@ -21,7 +21,7 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
+use datafusion::physical_plan::{ChildStats, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream, StatisticsArgs, collect};
 use futures::{StreamExt, TryStreamExt};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use quarry_storage::star::{Assembled, Built, GroupedStates, KeyLookup, StarDimension, StarProbeExec, StarSpec, StarTables, TablesCell, assemble};
@@ -174,8 +174,18 @@ impl ExecutionPlan for StarAggregateExec {
         Some(self.metrics.clone_inner())
     }
 
-    fn statistics_from_inputs(&self, _input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
-        Ok(Arc::new(Statistics::new_unknown(&self.schema())))
+    /// Its output is its fallback's (the aggregate it replaces), in one partition.
+    fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
+        let mut requests = vec![ChildStats::Skip; self.dims.len() + 1];
+        requests.push(ChildStats::At(None));
+        requests
+    }
+
+    fn statistics_from_inputs(&self, input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+        match input_stats.last() {
+            Some(fallback) if input_stats.len() == self.dims.len() + 2 => Ok(Arc::clone(fallback)),
+            _ => internal_err!("StarAggregateExec has {} children", self.dims.len() + 2),
+        }
     }
 }
 
