@@ -123,6 +123,22 @@ def test_a_dimension_named_by_several_star_joins_is_built_once(ssb1, tmp_path):
     check([], wh, con, sql, tmp_path, "shared dimension")
 
 
+@pytest.mark.parametrize("fact", [
+    "(select lo_orderdate, lo_revenue, p_brand1 from lineorder left join part on lo_partkey = p_partkey and p_size < 5) f",
+    "(select lo_orderdate, lo_revenue from lineorder where lo_discount < 2 union all select lo_orderdate, lo_revenue from lineorder where lo_discount > 9) f",
+], ids=["left_join", "union"])
+def test_a_fact_side_that_is_not_a_scan_joins_by_hash(ssb1, fact, tmp_path):
+    """A star join probes at the fact's scan; a fact side that is a join or a union would be
+    probed above it, so the aggregate is planned with hash joins (whose key filters reach the
+    scan). The same aggregate over the table itself is a star join. Results equal DuckDB's."""
+    wh, con = ssb1
+    sql = f"select d_year, sum(lo_revenue) as rev, count(*) as n from {fact}, date where lo_orderdate = d_datekey and d_yearmonthnum = 199401 group by d_year"
+    assert "StarAggregateExec" not in explain([], wh, sql), sql
+    scan = "select d_year, sum(lo_revenue) as rev, count(*) as n from lineorder, date where lo_orderdate = d_datekey and d_yearmonthnum = 199401 group by d_year"
+    assert "StarAggregateExec" in explain([], wh, scan)
+    check([], wh, con, sql, tmp_path, "fact side not a scan")
+
+
 # ---------------------------------------------------------------------------------------------
 # Randomized star schemas
 # ---------------------------------------------------------------------------------------------

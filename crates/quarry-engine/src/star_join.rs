@@ -4,7 +4,8 @@
 //!
 //! [`StarJoinRule`] takes the join region under an `Aggregate` apart (as the join-ordering
 //! rule does) and turns it into a [`StarJoinNode`] when it has the star's shape: one relation
-//! much larger than the others (the fact), every other relation joined to it, directly or through
+//! much larger than the others (the fact, a table's scan under filters and projections only),
+//! every other relation joined to it, directly or through
 //! others (a snowflake: `nation` under `supplier`), by one equality of a fact column with a
 //! column of that dimension; grouping expressions that each read one dimension; `sum`, `count`,
 //! `min` and `max` of expressions over the fact's columns. Each dimension becomes a plan of its
@@ -54,6 +55,22 @@ fn base_distinct_share(plan: &LogicalPlan, column: &Column) -> Option<f64> {
             base_distinct_share(&a.input, &inner)
         }
         _ => None,
+    }
+}
+
+/// Whether `plan` reads one table through filters, projections and aliases only. A star join
+/// pays where its probe runs at the fact's scan (the dimensions' keys skip row groups, the
+/// probe runs in storage); over a join or union the probe runs above it, while hash joins push
+/// their key filters down through it to the scan. TPC-DS at SF 1: q80 (sales left-joined to
+/// returns) 248 ms as a star join against 103 ms as hash joins, q05 (a union of sales and
+/// returns) 155 against 97, q14 (a semi join below) 525 against 398.
+fn scans_one_table(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::TableScan(_) => true,
+        LogicalPlan::Filter(f) => scans_one_table(&f.input),
+        LogicalPlan::Projection(p) => scans_one_table(&p.input),
+        LogicalPlan::SubqueryAlias(a) => scans_one_table(&a.input),
+        _ => false,
     }
 }
 
@@ -186,6 +203,9 @@ fn star_join(aggregate: &Aggregate, original: &LogicalPlan) -> Result<Option<Sta
     let rows: Vec<f64> = region.relations.iter().map(|r| r.estimate.rows).collect();
     let fact = (0..rows.len()).max_by(|&a, &b| rows[a].total_cmp(&rows[b])).expect("two relations");
     if rows.iter().enumerate().any(|(i, &r)| i != fact && r * FACT_RATIO_MIN > rows[fact]) {
+        return Ok(None);
+    }
+    if !scans_one_table(&region.relations[fact].plan) {
         return Ok(None);
     }
     let owner = |c: &Column| region.relations.iter().position(|r| r.plan.schema().index_of_column(c).is_ok());
