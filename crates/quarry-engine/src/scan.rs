@@ -38,6 +38,7 @@ use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::page_select::Comparison;
 use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, built_fragment, encode_fragment};
 
+use crate::join_bounds::segments_within_join_bounds;
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot, ProbeKeySet};
 use crate::placement::Placement;
 use crate::provider::split_segments;
@@ -53,6 +54,8 @@ pub mod metric {
     pub const HOST_RECEIVE_NS: &str = "host_receive_ns";
     /// Rows the host dropped by a key set from an in-process node's output.
     pub const KEY_SET_DROPPED_ROWS: &str = "key_set_dropped_rows";
+    /// Segments the host left out because a hash join's key bounds rule them out.
+    pub const JOIN_PRUNED_SEGMENTS: &str = "join_pruned_segments";
 }
 
 /// The values of one column in one partition of a fragment: their bounds (NULLs aside), and
@@ -444,18 +447,25 @@ impl FragmentExec {
         self.progress.iter().cloned().zip(self.partitions().iter().map(planned)).collect()
     }
 
-    /// The fragment for partition `p`: each leaf filled with that partition's segments.
-    fn bind_partition(&self, partition: &FragmentPartition) -> Result<Arc<dyn ExecutionPlan>> {
-        let mut next = 0;
-        let bound = Arc::clone(&self.root).transform_up(|plan| {
-            let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() else { return Ok(Transformed::no(plan)) };
-            let (version, segments) = &partition.leaves[next];
-            next += 1;
-            let ids = segments.iter().map(|s| s.id.clone()).collect();
-            Ok(Transformed::yes(Arc::new(leaf.with_segments(*version, ids)) as Arc<dyn ExecutionPlan>))
-        })?;
-        Ok(bound.data)
-    }
+}
+
+/// The fragment `root` for one partition: each leaf filled with that partition's segments.
+fn bind_leaves(root: &Arc<dyn ExecutionPlan>, partition: &FragmentPartition) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut next = 0;
+    let bound = Arc::clone(root).transform_up(|plan| {
+        let Some(leaf) = plan.downcast_ref::<ScanLeafExec>() else { return Ok(Transformed::no(plan)) };
+        let (version, segments) = &partition.leaves[next];
+        next += 1;
+        let ids = segments.iter().map(|s| s.id.clone()).collect();
+        Ok(Transformed::yes(Arc::new(leaf.with_segments(*version, ids)) as Arc<dyn ExecutionPlan>))
+    })?;
+    Ok(bound.data)
+}
+
+/// Whether the fragment's output columns are its one leaf's, by name (a bare leaf, or a filter
+/// over it that keeps its columns): then a join filter's bounds are bounds on the leaf's columns.
+fn scans_leaf_columns(root: &Arc<dyn ExecutionPlan>) -> bool {
+    root.is::<ScanLeafExec>() || root.downcast_ref::<FilterExec>().is_some_and(|filter| filter.projection().is_none() && filter.input().is::<ScanLeafExec>())
 }
 
 /// `root` with the current state of `join_filters` applied on top (merged into a filter that sits
@@ -659,10 +669,10 @@ impl ExecutionPlan for FragmentExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let Some(part) = self.partitions().get(partition) else {
+        let Some(part) = self.partitions().get(partition).cloned() else {
             return internal_err!("FragmentExec has no partition {partition}");
         };
-        let bound = self.bind_partition(part)?;
+        let root = Arc::clone(&self.root);
         let (progress, planned_bytes) = self.progress().swap_remove(partition);
         let mut join_filters = self.join_filters.clone();
         let pruning_filters = self.pruning_filters.clone();
@@ -682,6 +692,7 @@ impl ExecutionPlan for FragmentExec {
         };
         let node = Arc::clone(&part.node);
         let host_dropped = counter(metric::KEY_SET_DROPPED_ROWS);
+        let join_pruned = counter(metric::JOIN_PRUNED_SEGMENTS);
         let pool = Arc::clone(context.memory_pool());
         let schema = self.schema();
         let checker = ResponseChecker {
@@ -693,23 +704,32 @@ impl ExecutionPlan for FragmentExec {
             planned_bytes,
             finished: false,
         };
-        // Passthrough reads the stored bytes and decodes them here, unless a join filter
-        // turns it into a filter the node runs.
-        let stored = match (self.root.downcast_ref::<ScanLeafExec>(), part.leaves.first()) {
-            (Some(leaf), Some((version, segments))) => {
-                let mut request = leaf.leaf().clone();
-                request.version = *version;
-                let predicate = conjunction_opt(self.pruning_filters.iter().chain(&self.join_filters).cloned());
-                Some((request, segments.clone(), predicate, context))
-            }
-            _ => None,
-        };
         let stored_schema = Arc::clone(&schema);
         let (link_codec, demand) = (self.link_codec, self.demand);
         let response = futures::stream::once(async move {
             // Decided and encoded at the first poll, not in `execute`: a join filter is
             // complete only once the join has built its hash table, which it does before it
             // polls this side.
+            let mut part = part;
+            if scans_leaf_columns(&root) {
+                for (_, segments) in &mut part.leaves {
+                    let planned = segments.len();
+                    *segments = segments_within_join_bounds(&join_filters, std::mem::take(segments))?;
+                    join_pruned.add(planned - segments.len());
+                }
+            }
+            let bound = bind_leaves(&root, &part)?;
+            // Passthrough reads the stored bytes and decodes them here, unless a join filter
+            // turns it into a filter the node runs.
+            let stored = match (root.downcast_ref::<ScanLeafExec>(), part.leaves.first()) {
+                (Some(leaf), Some((version, segments))) => {
+                    let mut request = leaf.leaf().clone();
+                    request.version = *version;
+                    let predicate = conjunction_opt(pruning_filters.iter().chain(&join_filters).cloned());
+                    Some((request, segments.clone(), predicate, context))
+                }
+                _ => None,
+            };
             // A key set that keeps most rows is tested on the host where the node would only
             // read stored bytes (embedded, or a bare leaf on a remote node): on the node it turns
             // the compressed pages the host would fetch into decoded rows (TPC-H Q13's 1.5M
