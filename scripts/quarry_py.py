@@ -849,6 +849,20 @@ def compare_with_duckdb(warehouse: str | os.PathLike, sql: str, out_dir: str | o
     return compare_query_results(sql, quarry_query(warehouse, sql, out_dir=out_dir), duck)
 
 
+def compare_on_nodes(sql: str, nodes: str, staging: str | os.PathLike, node_warehouses, out_dir: str | os.PathLike) -> Comparison:
+    """Run ``sql`` through Quarry on the storage nodes ``nodes`` (``--nodes``, with ``staging``
+    as the unused local warehouse) and through DuckDB (2 threads) on the nodes' own segments
+    (``node_warehouses``); compare. Call while the nodes run."""
+    out = Path(out_dir) / "nodes-result.parquet"
+    run_quarry(["--threads", "2", "sql", sql, "--nodes", nodes, "--format", "parquet", "--output", out], staging)
+    con = duckdb_connect(node_warehouses, threads=2)
+    try:
+        want = duckdb_result(con, sql)
+    finally:
+        con.close()
+    return compare_query_results(sql, read_parquet_result(out), want)
+
+
 def query_files(suite: str) -> list[Path]:
     """The query files of a suite (``ssb`` or ``tpch``), in natural order."""
     files = list((REPO_ROOT / "queries" / suite).glob("*.sql"))
