@@ -2,6 +2,7 @@
 //! over the warehouse directory run in this one process.
 
 mod allocator;
+mod prefault;
 
 use std::process::ExitCode;
 
@@ -14,6 +15,11 @@ fn main() -> ExitCode {
     }));
     allocator::disable_transparent_huge_pages();
     let cli = Cli::parse();
+    // A query run as its own process plans on one core while the other would idle; the
+    // long-running commands (a node, a server, a graph job bound to a memory budget) leave it.
+    if matches!(cli.command, Command::Sql(_)) && std::env::var_os("QUARRY_NO_PREFAULT").is_none() {
+        prefault::code_in_background();
+    }
     if matches!(cli.command, Command::Graph(_)) {
         allocator::return_freed_memory_at_once();
     }

@@ -138,7 +138,8 @@ impl DistinctSketch {
     pub fn estimate(&self) -> u64 {
         let m = REGISTERS as f64;
         let alpha = 0.7213 / (1.0 + 1.079 / m);
-        let sum: f64 = self.registers.iter().map(|&r| 2f64.powi(-(r as i32))).sum();
+        // 2^-r, r <= 64: the exponent field alone.
+        let sum: f64 = self.registers.iter().map(|&r| f64::from_bits((1023 - r as u64) << 52)).sum();
         let raw = alpha * m * m / sum;
         let zeros = self.registers.iter().filter(|&&r| r == 0).count();
         let estimate = if raw <= 2.5 * m && zeros > 0 { m * (m / zeros as f64).ln() } else { raw };
@@ -159,18 +160,20 @@ impl DistinctSketch {
         base64_encode(&packed)
     }
 
-    /// Reads the stored form; `None` if it is not one.
+    /// Reads the stored form; `None` if it is not one. Registers are 6 bits and packed in
+    /// order, and base64 spells 6 bits a character in the same order: character `i` is
+    /// register `i` (a table's statistics decode a sketch per column and segment per query).
     pub fn decode(text: &str) -> Option<DistinctSketch> {
-        let packed = base64_decode(text)?;
-        if packed.len() != STORED_BYTES {
+        const _: () = assert!(REGISTER_BITS == 6 && STORED_BYTES % 3 == 0, "a base64 character is one register");
+        if text.len() != REGISTERS {
             return None;
         }
         let mut sketch = DistinctSketch::default();
-        for (i, register) in sketch.registers.iter_mut().enumerate() {
-            let bit = i * REGISTER_BITS;
-            let high = packed[bit / 8] as u16;
-            let low = packed.get(bit / 8 + 1).copied().unwrap_or(0) as u16;
-            *register = (((high << 8 | low) >> (16 - REGISTER_BITS - bit % 8)) & ((1 << REGISTER_BITS) - 1)) as u8;
+        for (register, &c) in sketch.registers.iter_mut().zip(text.as_bytes()) {
+            *register = BASE64_VALUE[c as usize];
+            if *register == NOT_BASE64 {
+                return None;
+            }
         }
         Some(sketch)
     }
@@ -210,20 +213,17 @@ fn base64_encode(bytes: &[u8]) -> String {
     out
 }
 
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let digits: Vec<u32> = text.bytes().map(|b| BASE64.iter().position(|&c| c == b).map(|p| p as u32)).collect::<Option<_>>()?;
-    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
-    for group in digits.chunks(4) {
-        if group.len() < 2 {
-            return None;
-        }
-        let word = group.iter().enumerate().fold(0u32, |w, (k, &d)| w | d << (18 - 6 * k));
-        for k in 0..group.len() - 1 {
-            out.push((word >> (16 - 8 * k)) as u8);
-        }
+/// A byte's value as a base64 digit, or [`NOT_BASE64`].
+const BASE64_VALUE: [u8; 256] = {
+    let mut table = [NOT_BASE64; 256];
+    let mut i = 0;
+    while i < 64 {
+        table[BASE64[i] as usize] = i as u8;
+        i += 1;
     }
-    Some(out)
-}
+    table
+};
+const NOT_BASE64: u8 = u8::MAX;
 
 #[cfg(test)]
 mod tests {
@@ -272,5 +272,8 @@ mod tests {
         assert_eq!(DistinctSketch::decode(&text), Some(sketch));
         assert_eq!(DistinctSketch::decode("not base64!"), None);
         assert_eq!(DistinctSketch::decode("AAAA"), None);
+        let mut damaged = text.into_bytes();
+        damaged[300] = b'=';
+        assert_eq!(DistinctSketch::decode(std::str::from_utf8(&damaged).unwrap()), None);
     }
 }
