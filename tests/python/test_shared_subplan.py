@@ -4,7 +4,9 @@ Method: a CTE holding a grouped aggregate, named twice. When both occurrences en
 same plan, EXPLAIN must show it computed once (an owning `SharedExec` and a reading one) and
 EXPLAIN ANALYZE must show the fact table scanned once; when they differ (a filter on a group key
 pushed into one of them), or the aggregate is not grouped, nothing is shared. A CTE that joins
-the fact to a dimension is shared too (its join's dynamic filter is filled inside it). Every result is
+the fact to a dimension is shared too (its join's dynamic filter is filled inside it), and so is
+one whose occurrence reads a dynamic filter from a join above it (the shared instance goes
+without it). Every result is
 checked against DuckDB on the same files: NULL and duplicated group keys, an empty input,
 occurrences read by a scalar subquery, a join and a UNION ALL.
 """
@@ -40,6 +42,10 @@ QUERIES = [
     (PER_K + "select a.k, a.total, b.n from s a, s b where a.total = b.total + 1", False),
     # not grouped
     ("with s as (select sum(v) as t from fact) select t from s union all select t + 1 from s", False),
+    # a join above one occurrence pushes its dynamic filter into that occurrence's scan: shared
+    # without it (the join still joins)
+    (PER_K + "select a.k, a.total, a.n from s a join dim d on a.k = d.k where d.name = 'odd' "
+     "union all select k, total, n from s where n > 1", True),
     # a join inside the CTE: the key set its join pushes into the fact's scan is the CTE's own
     ("with s as (select d.name, sum(f.v) as total from fact f join dim d on f.k = d.k group by d.name) "
      "select * from s where total > 10 union all select * from s where total <= 10", True),

@@ -318,6 +318,14 @@ impl FragmentExec {
         Ok(fragment)
     }
 
+    /// The same fragment without the join filters `leave_out` picks (a shared subplan's, from
+    /// joins above one occurrence only).
+    pub fn without_join_filters(&self, mut leave_out: impl FnMut(&Arc<dyn PhysicalExpr>) -> bool) -> Result<Self> {
+        let mut fragment = self.with_root(Arc::clone(&self.root), None)?;
+        fragment.join_filters.retain(|filter| !leave_out(filter));
+        Ok(fragment)
+    }
+
     /// The same fragment, allowed to take join filters (the placement rule allows it unless
     /// `--pushdown off`).
     pub fn accepting_join_filters(&self) -> Result<Self> {

@@ -54,8 +54,8 @@ impl PhysicalOptimizerRule for SharedSubplanRule {
         let plan = share_dimensions(plan)?;
         let mut occurrences: HashMap<String, usize> = HashMap::new();
         plan.apply(|node| {
-            if is_shareable(node)? {
-                *occurrences.entry(fingerprint(node)).or_default() += 1;
+            if let Some(form) = shareable_form(node)? {
+                *occurrences.entry(fingerprint(&form)).or_default() += 1;
             }
             Ok(TreeNodeRecursion::Continue)
         })?;
@@ -80,9 +80,12 @@ fn fingerprint(plan: &Arc<dyn ExecutionPlan>) -> String {
     displayable(plan.as_ref()).indent(true).to_string()
 }
 
-/// A grouped final aggregate (or a star join's, which is one) over storage fragments that reads
-/// no dynamic filter but those its own joins fill.
-fn is_shareable(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+/// `plan` in the form its occurrences share, if it is a grouped final aggregate (or a star
+/// join's, which is one) over storage fragments: with the join filters its fragments read from
+/// joins outside it left out (those joins still join; a fragment only drops their rows early),
+/// and `None` if another operator reads such a filter. TPC-DS q01's CTE, named twice, read
+/// different filters from the joins above each occurrence and was computed twice.
+fn shareable_form(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let grouped_final = match plan.downcast_ref::<AggregateExec>() {
         Some(aggregate) => {
             !aggregate.group_expr().is_empty()
@@ -90,34 +93,84 @@ fn is_shareable(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
         }
         None => plan.is::<StarAggregateExec>(),
     };
-    Ok(grouped_final && self_contained(plan)?)
+    if !grouped_final {
+        return Ok(None);
+    }
+    let filled_inside = filled_inside(plan)?;
+    let outside = |expr: &Arc<dyn PhysicalExpr>| -> Result<bool> { Ok(dynamic_filters(expr)?.iter().any(|id| id.is_none_or(|id| !filled_inside.contains(&Some(id))))) };
+    let (mut reads_storage, mut fragments_read_outside, mut others_read_outside) = (false, false, false);
+    plan.apply(|node| {
+        let fragment = node.downcast_ref::<FragmentExec>().is_some();
+        reads_storage |= fragment;
+        node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
+            if outside(expr)? {
+                if fragment { fragments_read_outside = true } else { others_read_outside = true }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+    })?;
+    if !reads_storage || others_read_outside {
+        return Ok(None);
+    }
+    if !fragments_read_outside {
+        return Ok(Some(Arc::clone(plan)));
+    }
+    let stripped = Arc::clone(plan).transform_up(|node| {
+        let Some(fragment) = node.downcast_ref::<FragmentExec>() else { return Ok(Transformed::no(node)) };
+        let mut failed = None;
+        let kept = fragment.without_join_filters(|filter| outside(filter).unwrap_or_else(|e| { failed = Some(e); true }))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(Transformed::yes(Arc::new(kept) as Arc<dyn ExecutionPlan>))
+    })?;
+    Ok(Some(stripped.data))
 }
 
 /// Whether `plan` reads storage and no dynamic filter but those its own joins fill.
 fn self_contained(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
-    let (mut reads_storage, mut filled_inside, mut read) = (false, HashSet::new(), Vec::new());
+    let filled_inside = filled_inside(plan)?;
+    let (mut reads_storage, mut read) = (false, Vec::new());
     plan.apply(|node| {
         reads_storage |= node.downcast_ref::<FragmentExec>().is_some();
-        filled_inside.extend(node.dynamic_expressions_produced().iter().map(|e| e.expression_id()));
         node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
-            expr.apply(|e| {
-                if e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() {
-                    read.push(e.expression_id());
-                }
-                Ok(TreeNodeRecursion::Continue)
-            })
+            read.extend(dynamic_filters(expr)?);
+            Ok(TreeNodeRecursion::Continue)
         })
     })?;
     // A filter without an identity cannot be placed: taken as filled outside.
     Ok(reads_storage && read.iter().all(|id| id.is_some() && filled_inside.contains(id)))
 }
 
+/// The identities of the dynamic filters the joins in `plan` fill.
+fn filled_inside(plan: &Arc<dyn ExecutionPlan>) -> Result<HashSet<Option<u64>>> {
+    let mut filled = HashSet::new();
+    plan.apply(|node| {
+        filled.extend(node.dynamic_expressions_produced().iter().map(|e| e.expression_id()));
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(filled)
+}
+
+/// The identities of the dynamic filters `expr` reads.
+fn dynamic_filters(expr: &Arc<dyn PhysicalExpr>) -> Result<Vec<Option<u64>>> {
+    let mut ids = Vec::new();
+    expr.apply(|e| {
+        if e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() {
+            ids.push(e.expression_id());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(ids)
+}
+
 /// `plan` with every occurrence of a subplan in `occurrences` replaced by a [`SharedExec`]; the
 /// first one seen owns it (and shows it in EXPLAIN and its metrics), the others read it.
 fn share(plan: Arc<dyn ExecutionPlan>, occurrences: &HashMap<String, usize>, shared: &mut HashMap<String, Arc<SharedResult>>) -> Result<Arc<dyn ExecutionPlan>> {
-    if is_shareable(&plan)? {
-        let key = fingerprint(&plan);
+    if let Some(form) = shareable_form(&plan)? {
+        let key = fingerprint(&form);
         if let Some(&readers) = occurrences.get(&key) {
+            let plan = form;
             if let Some(result) = shared.get(&key) {
                 return Ok(Arc::new(SharedExec::new(Arc::clone(result), false)));
             }
