@@ -220,7 +220,9 @@ impl Comparison {
                 return None;
             }
             let data_type = columns.fields().get(column.index())?.data_type();
-            let literals = list.list().iter().map(|e| e.downcast_ref::<Literal>().map(|l| l.value()));
+            // A NULL in the list never makes the test true (it makes it NULL, which a filter
+            // drops): a join's build keys reach the probe's scan with their NULLs.
+            let literals = list.list().iter().map(|e| e.downcast_ref::<Literal>().map(|l| l.value())).filter(|l| !l.is_some_and(ScalarValue::is_null));
             if matches!(data_type, DataType::Utf8 | DataType::Utf8View) {
                 let values = literals.map(|l| bytes_literal(l?)).collect::<Option<Vec<_>>>()?;
                 return Some((column.index(), Comparison::BytesIn(values)));
@@ -701,5 +703,20 @@ mod tests {
         );
         // A bound that cannot be made inclusive stays as it is.
         assert_eq!(merge_ranges(vec![(0, Comparison::Int(Operator::Lt, i64::MIN))]), vec![(0, Comparison::Int(Operator::Lt, i64::MIN))]);
+    }
+
+    #[test]
+    fn an_in_list_with_nulls_compiles_to_its_values() {
+        use arrow::datatypes::{Field, Schema};
+        use datafusion::physical_expr::expressions::{in_list, lit};
+        let schema = Schema::new(vec![Field::new("k", DataType::Int64, true), Field::new("s", DataType::Utf8, true)]);
+        let list = |column: &str, values: Vec<ScalarValue>| in_list(Arc::new(Column::new_with_schema(column, &schema).unwrap()), values.into_iter().map(lit).collect(), &false, &schema).unwrap();
+        // A join's build keys with a NULL and repeats: the page reader tests the keys.
+        let keys = list("k", vec![ScalarValue::Int64(Some(3)), ScalarValue::Int64(None), ScalarValue::Int64(Some(1)), ScalarValue::Int64(Some(3))]);
+        assert_eq!(Comparison::compile(&keys, &schema), Some((0, Comparison::IntIn(IntSet::new(vec![1, 3])))));
+        let names = list("s", vec![ScalarValue::Utf8(None), ScalarValue::Utf8(Some("a".into()))]);
+        assert_eq!(Comparison::compile(&names, &schema), Some((1, Comparison::BytesIn(vec![b"a".to_vec()]))));
+        let set = IntSet::new(vec![1, 3]);
+        assert!(set.contains(3) && !set.contains(2));
     }
 }
