@@ -454,7 +454,6 @@ impl FragmentExec {
         };
         self.progress.iter().cloned().zip(self.partitions().iter().map(planned)).collect()
     }
-
 }
 
 /// The fragment `root` for one partition: each leaf filled with that partition's segments.
