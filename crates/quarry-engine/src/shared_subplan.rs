@@ -96,72 +96,71 @@ fn shareable_form(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn Execut
     if !grouped_final {
         return Ok(None);
     }
-    let filled_inside = filled_inside(plan)?;
-    let outside = |expr: &Arc<dyn PhysicalExpr>| -> Result<bool> { Ok(dynamic_filters(expr)?.iter().any(|id| id.is_none_or(|id| !filled_inside.contains(&Some(id))))) };
-    let (mut reads_storage, mut fragments_read_outside, mut others_read_outside) = (false, false, false);
-    plan.apply(|node| {
-        let fragment = node.downcast_ref::<FragmentExec>().is_some();
-        reads_storage |= fragment;
-        node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
-            if outside(expr)? {
-                if fragment { fragments_read_outside = true } else { others_read_outside = true }
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })
-    })?;
-    if !reads_storage || others_read_outside {
+    let reads = OutsideReads::of(plan)?;
+    if !reads.storage || reads.by_others {
         return Ok(None);
     }
-    if !fragments_read_outside {
+    if !reads.by_fragments {
         return Ok(Some(Arc::clone(plan)));
     }
     let stripped = Arc::clone(plan).transform_up(|node| {
         let Some(fragment) = node.downcast_ref::<FragmentExec>() else { return Ok(Transformed::no(node)) };
-        let mut failed = None;
-        let kept = fragment.without_join_filters(|filter| outside(filter).unwrap_or_else(|e| { failed = Some(e); true }))?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        Ok(Transformed::yes(Arc::new(kept) as Arc<dyn ExecutionPlan>))
+        Ok(Transformed::yes(Arc::new(fragment.without_join_filters(|filter| reads.is_outside(filter))?) as Arc<dyn ExecutionPlan>))
     })?;
     Ok(Some(stripped.data))
 }
 
 /// Whether `plan` reads storage and no dynamic filter but those its own joins fill.
 fn self_contained(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
-    let filled_inside = filled_inside(plan)?;
-    let (mut reads_storage, mut read) = (false, Vec::new());
-    plan.apply(|node| {
-        reads_storage |= node.downcast_ref::<FragmentExec>().is_some();
-        node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
-            read.extend(dynamic_filters(expr)?);
+    let reads = OutsideReads::of(plan)?;
+    Ok(reads.storage && !reads.by_fragments && !reads.by_others)
+}
+
+/// Which operators of a subplan read dynamic filters filled by joins outside it.
+struct OutsideReads {
+    /// The identities of the filters the subplan's own joins fill.
+    filled_inside: HashSet<Option<u64>>,
+    /// It reads a storage fragment.
+    storage: bool,
+    by_fragments: bool,
+    by_others: bool,
+}
+
+impl OutsideReads {
+    fn of(plan: &Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let mut filled_inside = HashSet::new();
+        plan.apply(|node| {
+            filled_inside.extend(node.dynamic_expressions_produced().iter().map(|e| e.expression_id()));
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        let mut reads = OutsideReads { filled_inside, storage: false, by_fragments: false, by_others: false };
+        plan.apply(|node| {
+            let fragment = node.downcast_ref::<FragmentExec>().is_some();
+            reads.storage |= fragment;
+            node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
+                if reads.is_outside(expr) {
+                    if fragment { reads.by_fragments = true } else { reads.by_others = true }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        Ok(reads)
+    }
+
+    /// Whether `expr` reads a dynamic filter not filled inside (one without an identity cannot
+    /// be placed: taken as filled outside).
+    fn is_outside(&self, expr: &Arc<dyn PhysicalExpr>) -> bool {
+        let mut outside = false;
+        expr.apply(|e| {
+            if e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() {
+                let id = e.expression_id();
+                outside |= id.is_none() || !self.filled_inside.contains(&id);
+            }
             Ok(TreeNodeRecursion::Continue)
         })
-    })?;
-    // A filter without an identity cannot be placed: taken as filled outside.
-    Ok(reads_storage && read.iter().all(|id| id.is_some() && filled_inside.contains(id)))
-}
-
-/// The identities of the dynamic filters the joins in `plan` fill.
-fn filled_inside(plan: &Arc<dyn ExecutionPlan>) -> Result<HashSet<Option<u64>>> {
-    let mut filled = HashSet::new();
-    plan.apply(|node| {
-        filled.extend(node.dynamic_expressions_produced().iter().map(|e| e.expression_id()));
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    Ok(filled)
-}
-
-/// The identities of the dynamic filters `expr` reads.
-fn dynamic_filters(expr: &Arc<dyn PhysicalExpr>) -> Result<Vec<Option<u64>>> {
-    let mut ids = Vec::new();
-    expr.apply(|e| {
-        if e.downcast_ref::<DynamicFilterPhysicalExpr>().is_some() {
-            ids.push(e.expression_id());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    Ok(ids)
+        .expect("visiting an expression cannot fail");
+        outside
+    }
 }
 
 /// `plan` with every occurrence of a subplan in `occurrences` replaced by a [`SharedExec`]; the

@@ -46,7 +46,8 @@ pub struct StarDimensionPlan {
 /// its keys repeat (each star join then runs its fallback).
 pub type DimensionCell = Arc<tokio::sync::OnceCell<Option<Arc<AssembledDimension>>>>;
 
-/// A dimension built: its lookup and, per grouped expression, its values by group code.
+/// A dimension built: its lookup and, per grouped expression (in the order of the plan's
+/// `positions`), its values by group code.
 #[derive(Debug)]
 pub struct AssembledDimension {
     dimension: StarDimension,
@@ -205,13 +206,6 @@ struct Run {
     fallbacks: Count,
 }
 
-/// A dimension built: its lookup and, per group code, the values of its grouped expressions.
-struct BuiltDimension {
-    dimension: StarDimension,
-    /// (group position, values by code).
-    values: Vec<(usize, ArrayRef)>,
-}
-
 impl Run {
     async fn run(self, context: Arc<TaskContext>) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         let timer = self.build_time.timer();
@@ -251,7 +245,7 @@ impl Run {
     }
 
     /// The output: group values decoded from the group ids, then the aggregates.
-    fn finish(&self, states: &GroupedStates, tables: &StarTables, built: &[BuiltDimension], funcs: &[(quarry_storage::star::AggFunc, quarry_storage::star::Domain)]) -> Result<RecordBatch> {
+    fn finish(&self, states: &GroupedStates, tables: &StarTables, built: &[Arc<AssembledDimension>], funcs: &[(quarry_storage::star::AggFunc, quarry_storage::star::Domain)]) -> Result<RecordBatch> {
         let outputs: Vec<_> = self.schema.fields().iter().skip(self.group_count).map(|f| f.data_type().clone()).collect();
         let groups = states.groups();
         if groups.is_empty() && self.group_count == 0 {
@@ -261,8 +255,8 @@ impl Run {
         let mut columns: Vec<Option<ArrayRef>> = vec![None; self.group_count];
         for (d, dimension) in built.iter().enumerate() {
             let codes = UInt32Array::from_iter_values(groups.iter().map(|(gid, _)| ((gid / strides[d]) % tables.dims[d].groups as u64) as u32));
-            for (position, values) in &dimension.values {
-                columns[*position] = Some(arrow::compute::take(values.as_ref(), &codes, None)?);
+            for (&position, values) in self.dims[d].positions.iter().zip(&dimension.values) {
+                columns[position] = Some(arrow::compute::take(values.as_ref(), &codes, None)?);
             }
         }
         let slots: Vec<usize> = groups.iter().map(|(_, s)| *s).collect();
@@ -318,18 +312,17 @@ fn star_probe_in(root: &Arc<dyn ExecutionPlan>) -> Option<&StarProbeExec> {
 
 /// Every dimension, built at once: each waits on its own scan (TPC-DS q20 read `item`, then
 /// `date_dim`: 11.5 ms of build before the probe could start, 9 ms at once).
-async fn build_dimensions(dims: &[StarDimensionPlan], context: &Arc<TaskContext>) -> Result<Vec<Option<BuiltDimension>>> {
+async fn build_dimensions(dims: &[StarDimensionPlan], context: &Arc<TaskContext>) -> Result<Vec<Option<Arc<AssembledDimension>>>> {
     futures::future::try_join_all(dims.iter().map(|dim| build_dimension(dim, Arc::clone(context)))).await
 }
 
 /// The dimension for this star join, built here or (shared) by the first star join to ask;
 /// `None` if a key repeats.
-async fn build_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> Result<Option<BuiltDimension>> {
-    let assembled = match &dim.shared {
-        Some(cell) => cell.get_or_try_init(|| assemble_dimension(dim, context)).await?.clone(),
-        None => assemble_dimension(dim, context).await?,
-    };
-    Ok(assembled.map(|a| BuiltDimension { dimension: a.dimension.clone(), values: dim.positions.iter().copied().zip(a.values.iter().cloned()).collect() }))
+async fn build_dimension(dim: &StarDimensionPlan, context: Arc<TaskContext>) -> Result<Option<Arc<AssembledDimension>>> {
+    match &dim.shared {
+        Some(cell) => Ok(cell.get_or_try_init(|| assemble_dimension(dim, context)).await?.clone()),
+        None => assemble_dimension(dim, context).await,
+    }
 }
 
 /// Builds a dimension from its pieces; `None` if a key repeats.
