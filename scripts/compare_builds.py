@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two builds of Quarry on the same queries, taking turns: did a change make them faster?
 
-    python3 scripts/compare_builds.py --before BIN --after BIN --suite ssb|tpch --warehouse DIR \
+    python3 scripts/compare_builds.py --before BIN --after BIN --suite ssb|tpch|tpcds --warehouse DIR \
         [--queries q1.1,q4.1] [--repeat 3] [--json FILE] -- [QUARRY GLOBAL ARGS...]
 
 Every run is its own process, ``BIN --warehouse DIR ARGS... sql -f FILE --format parquet
@@ -39,7 +39,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="the build without the change")
     ap.add_argument("--after", required=True, help="the build with it")
-    ap.add_argument("--suite", required=True, choices=["ssb", "tpch"])
+    ap.add_argument("--suite", required=True, choices=["ssb", "tpch", "tpcds"])
     ap.add_argument("--warehouse", required=True)
     ap.add_argument("--queries", help="comma-separated query names (default: all of the suite)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per query and build (default 3)")

@@ -864,7 +864,7 @@ def compare_on_nodes(sql: str, nodes: str, staging: str | os.PathLike, node_ware
 
 
 def query_files(suite: str) -> list[Path]:
-    """The query files of a suite (``ssb`` or ``tpch``), in natural order."""
+    """The query files of a suite (``ssb``, ``tpch`` or ``tpcds``), in natural order."""
     files = list((REPO_ROOT / "queries" / suite).glob("*.sql"))
     return sorted(files, key=lambda p: query_sort_key(p.stem))
 

@@ -125,6 +125,21 @@ pub struct DeviceStats {
     pub spilled_bytes: u64,
 }
 
+/// The reads of segment files that a query's fragments made on the nodes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReadStats {
+    /// Read requests.
+    pub requests: u64,
+    /// Bytes read (as `bytes_read_storage`).
+    pub bytes: u64,
+    /// Of those, the bytes the device delivered: reads whose pages the page cache did not
+    /// hold. The rest came from memory.
+    pub bytes_from_device: u64,
+    /// Time the reads took (reading threads waiting or copying, and verifying), summed over
+    /// reads in flight, milliseconds.
+    pub wait_ms: f64,
+}
+
 /// The accounting of one query, as `--stats` writes it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct QueryStats {
@@ -145,6 +160,8 @@ pub struct QueryStats {
     pub segments_pruned: u64,
     /// Rows in the segments opened.
     pub rows_scanned: u64,
+    /// The nodes' reads of segment files: requests, bytes from the device, wait.
+    pub reads: ReadStats,
     /// Node-side fragment time summed over fragments, milliseconds.
     pub storage_ms: f64,
     /// Device CPU, pauses, link waits and spills on the nodes.
@@ -227,6 +244,10 @@ fn collect(plan: &dyn ExecutionPlan, stats: &mut QueryStats) {
             stats.segments_pruned += sum(scan_counter::SEGMENTS_PRUNED);
             stats.rows_scanned += sum(scan_counter::ROWS_SCANNED);
             stats.storage_ms += node_ns as f64 / 1e6;
+            stats.reads.requests += sum(scan_counter::READ_REQUESTS);
+            stats.reads.bytes += sum(scan_counter::BYTES_READ);
+            stats.reads.bytes_from_device += sum(scan_counter::BYTES_READ_DEVICE);
+            stats.reads.wait_ms += sum(scan_counter::READ_WAIT_NS) as f64 / 1e6;
             // Decoding what the node sent (stored bytes in passthrough) is the host's work.
             stats.host_cpu_ms += sum(metric::HOST_RECEIVE_NS) as f64 / 1e6;
             stats.device.cpu_ms += sum(scan_counter::DEVICE_CPU_NS) as f64 / 1e6;

@@ -382,6 +382,15 @@ scan_counters! {
     rows_returned: ROWS_RETURNED = "rows_returned";
     /// Bytes read from segment files.
     bytes_read: BYTES_READ = "bytes_read_storage";
+    /// Read requests the fragment made of segment files.
+    read_requests: READ_REQUESTS = "read_requests";
+    /// Bytes of those reads the device delivered: reads whose pages the page cache did not
+    /// hold (the rest came from memory).
+    bytes_read_device: BYTES_READ_DEVICE = "bytes_read_device";
+    /// Time the fragment's reads took, nanoseconds: the reading threads' time in each read
+    /// (waiting for the device, or copying from the page cache) and in verifying it, summed
+    /// over reads in flight.
+    read_wait_ns: READ_WAIT_NS = "read_wait_ns";
     /// Bytes of the Arrow batches returned.
     bytes_returned: BYTES_RETURNED = "bytes_returned";
     /// Bytes that crossed the link: the batches as handed over, or as the transport encoded

@@ -24,6 +24,7 @@ pub mod plain_select;
 pub mod plan_metrics;
 pub mod precise_sleep;
 pub mod profile;
+pub mod read_account;
 pub mod star;
 pub mod verified_store;
 pub mod view_compaction;

@@ -23,8 +23,9 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::datasource::physical_plan::FileScanConfig;
-use datafusion::datasource::physical_plan::parquet::{ParquetAccessPlan, RowGroupAccess};
+use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
+use datafusion::datasource::physical_plan::parquet::{CachedParquetFileReaderFactory, ParquetAccessPlan, RowGroupAccess};
+use datafusion::execution::cache::cache_manager::FileMetadataCache;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::common::{internal_err, plan_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
@@ -72,6 +73,7 @@ use crate::plain_select::{PlainSegment, PlainSelectExec};
 use crate::page_select::{PageSelectExec, PagedSegment};
 use crate::star::{StarProbeExec, StarScanExec};
 use crate::zones::ProbeKeys;
+use crate::read_account::ReadAccount;
 use crate::verified_store::VerifiedStore;
 use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_WAIT, NodeDescription, ThrottledStore, read_calibration, thread_cpu_ns};
 
@@ -185,6 +187,22 @@ fn with_row_group_masks(plan: Arc<dyn ExecutionPlan>, masks: &HashMap<ObjectPath
         Ok(Transformed::yes(DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>))
     })?;
     Ok(masked.data)
+}
+
+/// `plan` with its Parquet scans reading through `store` (instead of the store registered for
+/// local files, which every fragment shares), footers kept in `footers` as DataFusion keeps them.
+fn with_reader_store(plan: Arc<dyn ExecutionPlan>, store: Arc<VerifiedStore>, footers: Arc<FileMetadataCache>) -> Result<Arc<dyn ExecutionPlan>> {
+    let rebound = plan.transform_up(|node| {
+        let Some(config) = node.downcast_ref::<DataSourceExec>().and_then(|exec| exec.data_source().downcast_ref::<FileScanConfig>()) else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(source) = config.file_source.downcast_ref::<ParquetSource>() else { return Ok(Transformed::no(node)) };
+        let factory = Arc::new(CachedParquetFileReaderFactory::new(Arc::clone(&store) as Arc<dyn ObjectStore>, Arc::clone(&footers)));
+        let mut config = config.clone();
+        config.file_source = Arc::new(source.clone().with_parquet_file_reader_factory(factory));
+        Ok(Transformed::yes(DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>))
+    })?;
+    Ok(rebound.data)
 }
 
 fn object_path(file: &std::path::Path) -> Result<ObjectPath> {
@@ -312,7 +330,7 @@ impl LocalStorageNode {
         let local = Arc::new(object_store::local::LocalFileSystem::new());
         let read_limit = profile.read_mbps.map(|mbps| Arc::new(BandwidthLimiter::new(mbps)));
         let store = Arc::new(ThrottledStore::new(local, read_limit));
-        let verified = Arc::new(VerifiedStore::new(Arc::clone(&store) as _));
+        let verified = Arc::new(VerifiedStore::over_files(Arc::clone(&store)));
         runtime.register_object_store(ObjectStoreUrl::local_filesystem().as_ref(), Arc::clone(&verified) as _);
         let state = SessionStateBuilder::new().with_config(config).with_runtime_env(runtime).with_default_features().build();
         let calibration = read_calibration(warehouse.root()).unwrap_or_default();
@@ -615,7 +633,7 @@ impl LocalStorageNode {
             return Ok(Arc::new(EmptyExec::new(leaf.schema())));
         }
         let table_schema = scan_schema(&snapshot.schema);
-        let scan = self.parquet_scan(snapshot, &kept, &table_schema, leaf.leaf()).await?;
+        let scan = with_reader_store(self.parquet_scan(snapshot, &kept, &table_schema, leaf.leaf()).await?, self.fragment_store(), self.footers())?;
         let mut masks = HashMap::new();
         for segment in &kept {
             if let Some(mask) = zone_mask(keys, segment, stats) {
@@ -678,7 +696,7 @@ impl LocalStorageNode {
             })
             .collect::<Result<Vec<_>>>()?;
         let threads = self.profile.threads();
-        let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
+        let store = self.fragment_store() as Arc<dyn ObjectStore>;
         let select: Arc<dyn ExecutionPlan> = Arc::new(PlainSelectExec::try_new(segments, threads, leaf.schema(), Arc::clone(filter.predicate()), store)?);
         // A filter may carry the projection above it.
         Ok(Some(match filter.projection() {
@@ -710,7 +728,7 @@ impl LocalStorageNode {
         let snapshot = self.leaf_snapshot(leaf)?;
         let pruning = conjunction_opt(predicate.into_iter().chain(bounds).cloned());
         let Some(segments) = self.paged_segments(&snapshot, leaf, pruning.as_ref(), keys, stats).await? else { return Ok(None) };
-        let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
+        let store = self.fragment_store();
         let scan = StarScanExec::try_new(segments, self.profile.threads(), leaf.schema(), predicate.cloned(), Arc::clone(probe.spec()), Arc::clone(tables), store)?;
         Ok(Some(Arc::new(scan)))
     }
@@ -727,7 +745,7 @@ impl LocalStorageNode {
         if segments.is_empty() {
             return Ok(Some(Arc::new(EmptyExec::new(filter.schema()))));
         }
-        let store = Arc::clone(&self.verified) as Arc<dyn ObjectStore>;
+        let store = self.fragment_store();
         let projection = filter.projection().as_ref().map(|p| p.to_vec());
         let select = PageSelectExec::try_new(segments, self.profile.threads(), leaf.schema(), Arc::clone(filter.predicate()), projection, store)?;
         Ok(Some(Arc::new(select)))
@@ -744,7 +762,7 @@ impl LocalStorageNode {
         let mut footer_bytes = 0u64;
         for segment in &kept {
             let path = object_path(&snapshot.segment_path(segment))?;
-            match PagedSegment::open(self.verified.as_ref(), path, segment.bytes, &columns).await? {
+            match PagedSegment::open(self.fragment_store().as_ref(), path, segment.bytes, &columns, self.footers().as_ref()).await? {
                 Ok((opened, bytes)) => {
                     footer_bytes += bytes;
                     segments.push(match zone_mask(keys, segment, &mut counted) {
@@ -815,6 +833,21 @@ impl LocalStorageNode {
         let table = ListingTable::try_new(config)?;
         let indices: Vec<usize> = leaf.projection.iter().map(|c| schema.index_of(c)).collect::<std::result::Result<_, _>>()?;
         table.scan(&self.state, Some(&indices), &[], leaf.limit).await
+    }
+
+    /// The footers of segment files read so far (DataFusion's metadata cache, in the node's
+    /// runtime: its Parquet scans and the page readers share it).
+    fn footers(&self) -> Arc<FileMetadataCache> {
+        self.state.runtime_env().cache_manager.get_file_metadata_cache()
+    }
+
+    /// The store the fragment being bound reads through: its reads counted in the fragment's
+    /// account (the one binding runs in).
+    fn fragment_store(&self) -> Arc<VerifiedStore> {
+        match ReadAccount::current() {
+            Some(account) => self.verified.counting_into(account),
+            None => Arc::clone(&self.verified),
+        }
     }
 
     /// DataFusion's physical optimizer over the bound plan: among others it pushes the filter
@@ -979,7 +1012,9 @@ impl StorageNode for LocalStorageNode {
 
         let passthrough = decoded.is::<ScanLeafExec>();
         let mut stats = ScanStats { queued_ns, ..Default::default() };
-        let bound = self.bind(decoded, &mut stats).await?;
+        // Binding reads footers, and hands each scan the store it reads through: all counted here.
+        let reads = Arc::new(ReadAccount::default());
+        let bound = ReadAccount::scope(Arc::clone(&reads), self.bind(decoded, &mut stats)).await?;
         let plan = self.optimize(bound)?;
         counters.fragments_started.fetch_add(1, Ordering::Relaxed);
 
@@ -1005,6 +1040,7 @@ impl StorageNode for LocalStorageNode {
             plan,
             stats,
             cpu,
+            reads,
             started,
             counters,
             progress,
@@ -1176,6 +1212,7 @@ struct FragmentRun {
     plan: Arc<dyn ExecutionPlan>,
     stats: ScanStats,
     cpu: Arc<WorkerTimes>,
+    reads: Arc<ReadAccount>,
     started: Instant,
     counters: Arc<NodeCounters>,
     progress: FragmentProgress,
@@ -1244,6 +1281,9 @@ impl FragmentRun {
         stats.device_cpu_ns = self.cpu.cpu_ns.load(Ordering::Relaxed);
         stats.device_pause_ns = self.cpu.pause_ns.load(Ordering::Relaxed);
         stats.thread_wait_ns = self.cpu.thread_wait_ns.load(Ordering::Relaxed);
+        stats.read_requests = self.reads.requests();
+        stats.bytes_read_device = self.reads.device_bytes();
+        stats.read_wait_ns = self.reads.wait_ns();
         stats.spilled_bytes = plan_metric_sum(self.plan.as_ref(), &|m| m.spilled_bytes());
         operator_stats(self.plan.as_ref(), &mut stats.operators);
         self.counters.add_fragment(&stats);

@@ -34,8 +34,12 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::metadata::ParquetMetaData;
 
+use datafusion::datasource::physical_plan::parquet::CachedParquetMetaData;
+use datafusion::execution::cache::cache_manager::{CachedFileMetadataEntry, FileMetadataCache};
+
 use crate::key_set::{self, Bitmap, KeySet, KeySetExpr};
 use crate::page_reader::{ColumnChunk, NO_CODE, ValueKind, read_footer};
+use crate::verified_store::VerifiedStore;
 
 /// Column chunks read ahead of the one being decoded.
 const READ_AHEAD: usize = 4;
@@ -54,8 +58,11 @@ impl PagedSegment {
     /// The segment at `path` and the bytes its footer took, if every one of `columns` (by
     /// name, with their Arrow types) can be read page by page in all its row groups; `Err`
     /// says why not.
-    pub async fn open(store: &dyn ObjectStore, path: ObjectPath, size: u64, columns: &Schema) -> Result<std::result::Result<(Self, u64), String>> {
-        let (metadata, bytes) = read_footer(store, &path, size).await?;
+    ///
+    /// The footer comes from `footers` if a scan of this process read it before (DataFusion's
+    /// metadata cache, which its own Parquet scans share), else it is read and kept there.
+    pub async fn open(store: &dyn ObjectStore, path: ObjectPath, size: u64, columns: &Schema, footers: &FileMetadataCache) -> Result<std::result::Result<(Self, u64), String>> {
+        let (metadata, bytes) = cached_footer(store, &path, size, footers).await?;
         for field in columns.fields() {
             let Some(index) = leaf_index(&metadata, field.name()) else { return Ok(Err(format!("no column '{}'", field.name()))) };
             for group in metadata.row_groups() {
@@ -69,7 +76,7 @@ impl PagedSegment {
             }
         }
         let row_groups = (0..metadata.num_row_groups()).collect();
-        Ok(Ok((PagedSegment { path, size, metadata: Arc::new(metadata), row_groups }, bytes)))
+        Ok(Ok((PagedSegment { path, size, metadata, row_groups }, bytes)))
     }
 
     /// The same segment, reading only the row groups `kept` marks (one flag per row group of
@@ -83,7 +90,7 @@ impl PagedSegment {
 
     /// Reads the chunks of `columns` (indices into `schema`, by name in the file) of row group
     /// `group`, in that order, a few ahead of the one the caller decodes.
-    pub fn read_chunks<'a>(&'a self, store: &'a Arc<dyn ObjectStore>, group: usize, schema: &'a Schema, columns: &'a [usize]) -> BoxStream<'a, Result<(usize, Bytes)>> {
+    pub fn read_chunks<'a>(&'a self, store: &'a Arc<VerifiedStore>, group: usize, schema: &'a Schema, columns: &'a [usize]) -> BoxStream<'a, Result<(usize, Bytes)>> {
         let metadata = self.metadata.row_group(group);
         let reads = columns.iter().map(move |&c| {
             let name = schema.field(c).name();
@@ -97,6 +104,22 @@ impl PagedSegment {
         stream::iter(reads).buffered(READ_AHEAD).boxed()
     }
 
+    /// Tells `store` that the chunks of `schema`'s columns in row group `group` are read next,
+    /// so that the device reads them while the scan decodes the row group before.
+    pub fn read_ahead(&self, store: &VerifiedStore, group: usize, schema: &Schema) {
+        let metadata = self.metadata.row_group(group);
+        let ranges: Vec<_> = schema
+            .fields()
+            .iter()
+            .filter_map(|field| leaf_index(&self.metadata, field.name()))
+            .map(|index| {
+                let (start, length) = metadata.column(index).byte_range();
+                start..start + length
+            })
+            .collect();
+        store.read_ahead(&self.path, &ranges);
+    }
+
     /// The chunk of column `name` of row group `group` from its bytes; with `wanted`, pages
     /// holding none of those rows are skipped.
     pub fn chunk(&self, group: usize, name: &str, bytes: Bytes, wanted: Option<&[u32]>) -> Result<ColumnChunk> {
@@ -104,6 +127,22 @@ impl PagedSegment {
         let index = leaf_index(&self.metadata, name).ok_or_else(|| DataFusionError::Execution(format!("{}: no column '{name}'", self.path)))?;
         ColumnChunk::read(metadata.column(index), group_rows(self, group)?, bytes, wanted).map_err(|e| DataFusionError::Execution(format!("{}: {e}", self.path)))
     }
+}
+
+/// The footer of the segment file at `path` (`size` bytes) and the bytes read for it: none if
+/// `footers` holds it for this file (its size and modification time), else read and put there.
+async fn cached_footer(store: &dyn ObjectStore, path: &ObjectPath, size: u64, footers: &FileMetadataCache) -> Result<(Arc<ParquetMetaData>, u64)> {
+    let file = store.head(path).await.map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
+    if let Some(entry) = footers.get(path)
+        && entry.is_valid_for(&file)
+        && let Some(cached) = entry.file_metadata.as_any().downcast_ref::<CachedParquetMetaData>()
+    {
+        return Ok((Arc::clone(cached.parquet_metadata()), 0));
+    }
+    let (metadata, bytes) = read_footer(store, path, size).await?;
+    let metadata = Arc::new(metadata);
+    footers.put(path, CachedFileMetadataEntry::new(file, Arc::new(CachedParquetMetaData::new(Arc::clone(&metadata)))));
+    Ok((metadata, bytes))
 }
 
 /// The rows of row group `group` of `segment`.
@@ -447,7 +486,7 @@ pub struct PageSelectExec {
     predicate: Arc<dyn PhysicalExpr>,
     /// The columns produced (indices into `columns`).
     projection: Vec<usize>,
-    store: Arc<dyn ObjectStore>,
+    store: Arc<VerifiedStore>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -462,7 +501,7 @@ impl PageSelectExec {
 
     /// The rows of `segments` (spread over `partitions`) whose `predicate` holds, with the
     /// `projection` of `columns` (all of them with `None`).
-    pub fn try_new(segments: Vec<PagedSegment>, partitions: usize, columns: SchemaRef, predicate: Arc<dyn PhysicalExpr>, projection: Option<Vec<usize>>, store: Arc<dyn ObjectStore>) -> Result<Self> {
+    pub fn try_new(segments: Vec<PagedSegment>, partitions: usize, columns: SchemaRef, predicate: Arc<dyn PhysicalExpr>, projection: Option<Vec<usize>>, store: Arc<VerifiedStore>) -> Result<Self> {
         let split = split_segments(segments, partitions);
         let partitions = split.len();
         let projection = projection.unwrap_or_else(|| (0..columns.fields().len()).collect());
@@ -521,6 +560,9 @@ impl ExecutionPlan for PageSelectExec {
                     return Ok(Some((batch, (job, groups, current))));
                 }
                 let Some((segment, group)) = groups.pop_front() else { return Ok::<_, DataFusionError>(None) };
+                if let Some((next, next_group)) = groups.front() {
+                    next.read_ahead(&job.store, *next_group, &job.columns);
+                }
                 current = job.row_group(&segment, group).await?;
             }
         });
@@ -563,7 +605,7 @@ struct SelectJob {
     residual: Option<Residual>,
     projection: Vec<usize>,
     schema: SchemaRef,
-    store: Arc<dyn ObjectStore>,
+    store: Arc<VerifiedStore>,
     alive: Vec<u32>,
     kept: Vec<u32>,
     codes: Vec<u32>,
@@ -681,6 +723,32 @@ impl Selected {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A footer is read once: the second open of the same file finds it in the cache, read
+    /// nothing, and has the same metadata; a file of another size is read afresh.
+    #[tokio::test]
+    async fn footers_are_read_once() {
+        use arrow::array::Int32Array;
+        use datafusion::execution::cache::default_cache::DefaultCache;
+        let batch = RecordBatch::try_from_iter([("a", Arc::new(Int32Array::from_iter_values(0..1000)) as ArrayRef)]).unwrap();
+        let mut file = Vec::new();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let store = object_store::memory::InMemory::new();
+        let path = ObjectPath::from("t/s.parquet");
+        store.put(&path, file.clone().into()).await.unwrap();
+        let footers = DefaultCache::new(1 << 20);
+        let (first, read) = cached_footer(&store, &path, file.len() as u64, &footers).await.unwrap();
+        assert!(read > 8, "the first open reads the footer");
+        let (second, read) = cached_footer(&store, &path, file.len() as u64, &footers).await.unwrap();
+        assert_eq!(read, 0, "the second finds it");
+        assert!(Arc::ptr_eq(&first, &second));
+        let mut longer = file.clone();
+        longer.splice(0..0, *b"PAR1");
+        store.put(&path, longer.into()).await.unwrap();
+        assert!(cached_footer(&store, &path, file.len() as u64 + 4, &footers).await.is_ok_and(|(_, read)| read > 0), "a changed file is read again");
+    }
 
     #[test]
     fn comparisons_bounding_a_column_become_one_range() {

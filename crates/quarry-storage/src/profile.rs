@@ -547,6 +547,12 @@ impl ThrottledStore {
         self.trace.set(trace).map_err(|_| "the I/O trace is already being recorded".to_string())
     }
 
+    /// Starts reading `ranges` of `location` into the page cache: what a scan reads next
+    /// (`local_files::read_ahead`). Counted, paced and traced when actually read.
+    pub fn read_ahead(&self, location: &Path, ranges: Vec<Range<u64>>, account: Option<Arc<crate::read_account::ReadAccount>>) {
+        crate::local_files::read_ahead(&self.inner, location, ranges, account);
+    }
+
     /// Bytes read since the node started.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)

@@ -10,6 +10,7 @@ use std::fmt;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -21,6 +22,9 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use quarry_table::{BlockChecksums, SegmentMeta};
+
+use crate::profile::ThrottledStore;
+use crate::read_account::ReadAccount;
 
 /// Segment files remembered before the map starts over (each is re-registered when next used).
 const SEGMENTS_REMEMBERED: usize = 100_000;
@@ -73,24 +77,65 @@ impl Recorded {
     }
 }
 
-/// Wraps a store; reads of registered segment files are verified, others pass through.
+/// Wraps a store; reads of registered segment files are verified, others pass through. A
+/// fragment reads through its own handle ([`VerifiedStore::counting_into`]), which counts its
+/// reads in the fragment's [`ReadAccount`] wherever they run (DataFusion polls a scan in tasks
+/// of its own when it merges partitions).
 #[derive(Debug)]
 pub struct VerifiedStore {
+    files: Arc<Files>,
+    account: Option<Arc<ReadAccount>>,
+}
+
+/// What every handle of a node's store shares.
+#[derive(Debug)]
+struct Files {
     inner: Arc<dyn ObjectStore>,
+    /// The node's files, when `inner` reads them, to be told what scans read next.
+    local: Option<Arc<ThrottledStore>>,
     segments: Mutex<HashMap<Path, Arc<Recorded>>>,
 }
 
 impl VerifiedStore {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
-        VerifiedStore { inner, segments: Mutex::default() }
+        VerifiedStore { files: Arc::new(Files { inner, local: None, segments: Mutex::default() }), account: None }
+    }
+
+    /// Wraps the node's `files`, which it also tells what scans will read next.
+    pub fn over_files(files: Arc<ThrottledStore>) -> Self {
+        VerifiedStore { files: Arc::new(Files { inner: Arc::clone(&files) as _, local: Some(files), segments: Mutex::default() }), account: None }
+    }
+
+    /// The same store, its reads counted in `account`.
+    pub fn counting_into(&self, account: Arc<ReadAccount>) -> Arc<VerifiedStore> {
+        Arc::new(VerifiedStore { files: Arc::clone(&self.files), account: Some(account) })
+    }
+
+    /// Starts reading `ranges` of `location` (widened to checksum blocks, as their reads will
+    /// be) so that they are in memory when read; does nothing over a store of other files.
+    pub fn read_ahead(&self, location: &Path, ranges: &[Range<u64>]) {
+        let Some(files) = &self.files.local else { return };
+        let ranges = match self.recorded(location) {
+            Some(recorded) => ranges.iter().map(|r| recorded.checksums.aligned(r.start..r.end.min(recorded.size), recorded.size)).collect(),
+            None => ranges.to_vec(),
+        };
+        files.read_ahead(location, ranges, self.account.clone().or_else(ReadAccount::current));
+    }
+
+    /// `read`, counted in this handle's account if it has one.
+    async fn counted<T>(&self, read: impl Future<Output = T>) -> T {
+        match &self.account {
+            Some(account) => ReadAccount::scope(Arc::clone(account), read).await,
+            None => read.await,
+        }
     }
 
     /// Remembers what `path`, the file of `segment` of `table`, holds, so that its reads are
     /// verified. A segment written before checksums existed is read unverified.
     pub fn expect(&self, path: &Path, file: PathBuf, table: &str, segment: &SegmentMeta) {
         let Some(checksums) = &segment.checksums else { return };
-        let mut segments = self.segments.lock().expect("checksum map lock");
+        let mut segments = self.files.segments.lock().expect("checksum map lock");
         if segments.contains_key(path) {
             return;
         }
@@ -102,14 +147,47 @@ impl VerifiedStore {
     }
 
     fn recorded(&self, path: &Path) -> Option<Arc<Recorded>> {
-        self.segments.lock().expect("checksum map lock").get(path).cloned()
+        self.files.segments.lock().expect("checksum map lock").get(path).cloned()
+    }
+
+    /// A read of `location`, verified if it is a registered segment file.
+    async fn verified_get(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+        let recorded = if options.head { None } else { self.recorded(location) };
+        let Some(recorded) = recorded else { return self.files.inner.get_opts(location, options).await };
+        let Some(wanted) = requested(options.range.as_ref(), recorded.size) else { return self.files.inner.get_opts(location, options).await };
+        let read = recorded.checksums.aligned(wanted.clone(), recorded.size);
+        let options = GetOptions { range: Some(GetRange::Bounded(read.clone())), ..options };
+        let result = self.files.inner.get_opts(location, options).await?;
+        let (meta, attributes) = (result.meta.clone(), result.attributes.clone());
+        let data = result.bytes().await?;
+        let bytes = timed_check(|| recorded.check(&read, data, &wanted))?;
+        let payload = GetResultPayload::Stream(futures::stream::once(async move { Ok(bytes) }).boxed());
+        Ok(GetResult { payload, meta, range: wanted, attributes })
+    }
+
+    /// Reads of `location`, verified if it is a registered segment file.
+    async fn verified_get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
+        let Some(recorded) = self.recorded(location) else { return self.files.inner.get_ranges(location, ranges).await };
+        let wanted: Vec<Range<u64>> = ranges.iter().map(|r| r.start..r.end.min(recorded.size)).collect();
+        let reads: Vec<Range<u64>> = wanted.iter().map(|r| recorded.checksums.aligned(r.clone(), recorded.size)).collect();
+        let data = self.files.inner.get_ranges(location, &reads).await?;
+        timed_check(|| reads.iter().zip(data).zip(&wanted).map(|((read, data), wanted)| recorded.check(read, data, wanted)).collect())
     }
 }
 
 impl fmt::Display for VerifiedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "VerifiedStore({})", self.inner)
+        write!(f, "VerifiedStore({})", self.files.inner)
     }
+}
+
+/// `check`, its time counted as read time in the calling fragment's [`ReadAccount`]: the pages
+/// of a mapped range that were in the page cache are mapped as it touches them.
+fn timed_check<T>(check: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let checked = check();
+    ReadAccount::record(0, 0, started.elapsed());
+    checked
 }
 
 /// The byte range a `GetRange` asks of a file of `size` bytes; `None` if it is not one the
@@ -127,49 +205,35 @@ fn requested(range: Option<&GetRange>, size: u64) -> Option<Range<u64>> {
 #[async_trait]
 impl ObjectStore for VerifiedStore {
     async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
+        self.files.inner.put_opts(location, payload, opts).await
     }
 
     async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
+        self.files.inner.put_multipart_opts(location, opts).await
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
-        let recorded = if options.head { None } else { self.recorded(location) };
-        let Some(recorded) = recorded else { return self.inner.get_opts(location, options).await };
-        let Some(wanted) = requested(options.range.as_ref(), recorded.size) else { return self.inner.get_opts(location, options).await };
-        let read = recorded.checksums.aligned(wanted.clone(), recorded.size);
-        let options = GetOptions { range: Some(GetRange::Bounded(read.clone())), ..options };
-        let result = self.inner.get_opts(location, options).await?;
-        let (meta, attributes) = (result.meta.clone(), result.attributes.clone());
-        let data = result.bytes().await?;
-        let bytes = recorded.check(&read, data, &wanted)?;
-        let payload = GetResultPayload::Stream(futures::stream::once(async move { Ok(bytes) }).boxed());
-        Ok(GetResult { payload, meta, range: wanted, attributes })
+        self.counted(self.verified_get(location, options)).await
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> object_store::Result<Vec<Bytes>> {
-        let Some(recorded) = self.recorded(location) else { return self.inner.get_ranges(location, ranges).await };
-        let wanted: Vec<Range<u64>> = ranges.iter().map(|r| r.start..r.end.min(recorded.size)).collect();
-        let reads: Vec<Range<u64>> = wanted.iter().map(|r| recorded.checksums.aligned(r.clone(), recorded.size)).collect();
-        let data = self.inner.get_ranges(location, &reads).await?;
-        reads.iter().zip(data).zip(&wanted).map(|((read, data), wanted)| recorded.check(read, data, wanted)).collect()
+        self.counted(self.verified_get_ranges(location, ranges)).await
     }
 
     fn delete_stream(&self, locations: BoxStream<'static, object_store::Result<Path>>) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
+        self.files.inner.delete_stream(locations)
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        self.files.inner.list(prefix)
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        self.files.inner.list_with_delimiter(prefix).await
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
+        self.files.inner.copy_opts(from, to, options).await
     }
 }
 

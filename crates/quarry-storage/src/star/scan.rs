@@ -3,7 +3,6 @@
 //! simple comparisons) run one column at a time, each over the rows still alive, in the order of
 //! their measured pass rates; the other columns are decoded only for the rows that pass all.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -18,11 +17,11 @@ use datafusion::physical_plan::metrics::{BaselineMetrics, Count, ExecutionPlanMe
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, StatisticsArgs};
 use futures::{StreamExt, stream};
-use object_store::ObjectStore;
 
 use super::lookup::IntCodeVisitor;
 use super::{GroupedStates, StarSpec, StarTables, evaluate_args, narrow, partial_schema};
 use crate::page_reader::{ColumnChunk, ValueKind};
+use crate::verified_store::VerifiedStore;
 use crate::page_select::{Comparison, PagedSegment, Residual, SplitPredicate, Step, gather, group_rows, read_order, split_segments, used_columns};
 
 /// [`super::StarProbeExec`] over a filter over a scan of Parquet segments, run page by page.
@@ -34,7 +33,7 @@ pub struct StarScanExec {
     predicate: Option<Arc<dyn PhysicalExpr>>,
     spec: Arc<StarSpec>,
     tables: Arc<StarTables>,
-    store: Arc<dyn ObjectStore>,
+    store: Arc<VerifiedStore>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -50,7 +49,7 @@ impl StarScanExec {
         predicate: Option<Arc<dyn PhysicalExpr>>,
         spec: Arc<StarSpec>,
         tables: Arc<StarTables>,
-        store: Arc<dyn ObjectStore>,
+        store: Arc<VerifiedStore>,
     ) -> Result<Self> {
         let split = split_segments(segments, partitions);
         let partitions = split.len();
@@ -103,13 +102,14 @@ impl ExecutionPlan for StarScanExec {
             return internal_err!("StarScanExec has {} partitions, asked for {partition}", self.partitions.len());
         };
         let mut job = Job::try_new(self, partition)?;
-        let segments: VecDeque<PagedSegment> = segments.iter().cloned().collect();
+        let groups: Vec<(PagedSegment, usize)> = segments.iter().flat_map(|s| s.row_groups.iter().map(move |&g| (s.clone(), g))).collect();
         let schema = Arc::clone(&self.schema);
         let output = stream::once(async move {
-            for segment in segments {
-                for &group in &segment.row_groups {
-                    job.row_group(&segment, group).await?;
+            for (i, (segment, group)) in groups.iter().enumerate() {
+                if let Some((next, next_group)) = groups.get(i + 1) {
+                    next.read_ahead(&job.store, *next_group, &job.columns);
                 }
+                job.row_group(segment, *group).await?;
             }
             let _timer = job.baseline.elapsed_compute().timer();
             let partial = job.states.partial(&schema)?;
@@ -161,7 +161,7 @@ struct Job {
     tables: Arc<StarTables>,
     strides: Vec<u64>,
     states: GroupedStates,
-    store: Arc<dyn ObjectStore>,
+    store: Arc<VerifiedStore>,
     baseline: BaselineMetrics,
     bytes_scanned: Count,
     rows_probed: Count,

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The read bandwidth one large cold scan reaches, against what `fio` measures on the same files.
+
+usage: cold_scan_vs_fio.py QUARRY WAREHOUSE [--table lineorder] [--repeat 3] [--threads 2]
+
+The scan reads every column of TABLE whose type is fixed-width (integers, decimals, dates):
+`SELECT count(*), max(c1), max(c2), ... FROM TABLE`, as `quarry sql` in a fresh process, the
+warehouse's segment files evicted from the page cache before each run. Its bandwidth is the
+bytes `--stats` says came from the device (`reads.bytes_from_device`) over its `wall_ms` (parse,
+plan, every read, decoding: what a user waits for); best of `--repeat`.
+
+fio reads the same segment files whole, one after another, in the block size Quarry asks the
+kernel for at a time (`WILLNEED_STEP` in `local_files.rs`, 512 KiB), at queue depths 1, 4 and 16,
+both through the page cache (`psync`, the kernel's own readahead, as a plain reader gets) and
+directly (`libaio`, `O_DIRECT`: the device alone); files evicted before each run, best of
+`--repeat`. Prints each figure and Quarry's fraction of the best fio figure.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BLOCK = "512k"
+
+
+def segment_files(warehouse: Path, table: str) -> list[Path]:
+    table_dir = warehouse / table
+    manifest = json.loads((table_dir / (table_dir / "CURRENT").read_text().strip()).read_text())
+    return [table_dir / s["path"] for s in manifest.get("segments") or []]
+
+
+def evict(files: list[Path]) -> None:
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def fixed_width_columns(quarry: str, warehouse: Path, table: str) -> list[str]:
+    listing = subprocess.run([quarry, "--warehouse", str(warehouse), "tables", "--json"], capture_output=True, text=True, check=True)
+    tables = json.loads(listing.stdout)
+    entry = next(t for t in tables if t["name"] == table)
+    wanted = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "DECIMAL", "DATE", "FLOAT", "DOUBLE", "REAL")
+    return [c["name"] for c in entry["columns"] if str(c["type"]).upper().startswith(wanted)]
+
+
+def fio_mb_per_s(files: list[Path], engine: str, depth: int, direct: bool) -> float:
+    evict(files)
+    command = ["fio", "--name=scan", "--filename=" + ":".join(str(f) for f in files), "--file_service_type=sequential", "--rw=read",
+               f"--bs={BLOCK}", f"--iodepth={depth}", f"--ioengine={engine}", f"--direct={int(direct)}", "--readonly", "--output-format=json"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    read = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    return read["bw_bytes"] / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("quarry")
+    ap.add_argument("warehouse", type=Path)
+    ap.add_argument("--table", default="lineorder")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    files = segment_files(a.warehouse, a.table)
+    total = sum(f.stat().st_size for f in files)
+    columns = fixed_width_columns(a.quarry, a.warehouse, a.table)
+    sql = f"SELECT count(*), {', '.join(f'max({c})' for c in columns)} FROM {a.table}"
+    here = Path(__file__).resolve().parent
+    commit = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "../crates", "../Cargo.toml", "../Cargo.lock"], capture_output=True, text=True).stdout.strip()
+    print(f"# $ python3 {' '.join(sys.argv)}")
+    print(f"# commit {commit}{' (code changed since: dirty)' if dirty else ''}, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}; "
+          f"{subprocess.run(['fio', '--version'], capture_output=True, text=True).stdout.strip()}")
+    print(f"# {a.table}: {len(files)} segment files, {total / 1e6:.0f} MB; block {BLOCK}; best of {a.repeat}, files evicted before every run")
+    print(f"# quarry: {sql}")
+    best = None
+    with tempfile.TemporaryDirectory() as tmp:
+        stats_path = Path(tmp) / "stats.json"
+        for _ in range(a.repeat):
+            evict(files)
+            subprocess.run([a.quarry, "--warehouse", str(a.warehouse), "--threads", str(a.threads), "sql", sql, "--stats", str(stats_path)],
+                           capture_output=True, text=True, check=True)
+            stats = json.loads(stats_path.read_text())
+            reads = stats["reads"]
+            rate = reads["bytes_from_device"] / 1e6 / (stats["wall_ms"] / 1e3)
+            if best is None or rate > best[0]:
+                best = (rate, stats["wall_ms"], reads)
+    rate, wall_ms, reads = best
+    print(f"quarry    {rate:8.0f} MB/s  ({reads['bytes_from_device'] / 1e6:.0f} MB from the device of {reads['bytes'] / 1e6:.0f} MB read, "
+          f"{reads['requests']} requests, in {wall_ms:.0f} ms)")
+    fio = {}
+    for engine, direct in (("psync", False), ("libaio", True)):
+        for depth in ((1,) if engine == "psync" else (1, 4, 16)):
+            label = f"fio {engine}{' O_DIRECT' if direct else ' buffered'} qd {depth}"
+            fio[label] = max(fio_mb_per_s(files, engine, depth, direct) for _ in range(a.repeat))
+            print(f"{label:30} {fio[label]:8.0f} MB/s")
+    best_label = max(fio, key=fio.get)
+    print(f"quarry reaches {rate / fio[best_label]:.2f} of the best fio figure ({best_label}: {fio[best_label]:.0f} MB/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
