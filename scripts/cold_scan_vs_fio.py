@@ -17,29 +17,16 @@ directly (`libaio`, `O_DIRECT`: the device alone); files evicted before each run
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quarry_py import evict_from_page_cache, segment_paths  # noqa: E402
+
 BLOCK = "512k"
-
-
-def segment_files(warehouse: Path, table: str) -> list[Path]:
-    table_dir = warehouse / table
-    manifest = json.loads((table_dir / (table_dir / "CURRENT").read_text().strip()).read_text())
-    return [table_dir / s["path"] for s in manifest.get("segments") or []]
-
-
-def evict(files: list[Path]) -> None:
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def fixed_width_columns(quarry: str, warehouse: Path, table: str) -> list[str]:
@@ -51,7 +38,7 @@ def fixed_width_columns(quarry: str, warehouse: Path, table: str) -> list[str]:
 
 
 def fio_mb_per_s(files: list[Path], engine: str, depth: int, direct: bool) -> float:
-    evict(files)
+    evict_from_page_cache(files)
     command = ["fio", "--name=scan", "--filename=" + ":".join(str(f) for f in files), "--file_service_type=sequential", "--rw=read",
                f"--bs={BLOCK}", f"--iodepth={depth}", f"--ioengine={engine}", f"--direct={int(direct)}", "--readonly", "--output-format=json"]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
@@ -68,7 +55,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
-    files = segment_files(a.warehouse, a.table)
+    files = [Path(p) for p in segment_paths(a.warehouse, a.table)]
     total = sum(f.stat().st_size for f in files)
     columns = fixed_width_columns(a.quarry, a.warehouse, a.table)
     sql = f"SELECT count(*), {', '.join(f'max({c})' for c in columns)} FROM {a.table}"
@@ -84,7 +71,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         stats_path = Path(tmp) / "stats.json"
         for _ in range(a.repeat):
-            evict(files)
+            evict_from_page_cache(files)
             subprocess.run([a.quarry, "--warehouse", str(a.warehouse), "--threads", str(a.threads), "sql", sql, "--stats", str(stats_path)],
                            capture_output=True, text=True, check=True)
             stats = json.loads(stats_path.read_text())

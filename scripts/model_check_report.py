@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -81,7 +80,9 @@ def report(args, argv, rates) -> int:
             f"# machine: {json.dumps(record['machine'])}",
             f"# rates: {json.dumps(rates) if isinstance(rates, dict) else rates}"]
     failed = False
-    evicted = evict_from_page_cache(Path(args.warehouse))
+    segments = q.warehouse_segment_paths(args.warehouse)
+    q.evict_from_page_cache(segments)
+    evicted = len(segments)
     text.append(f"# evicted from the page cache before the runs: {evicted} segment files")
     with tempfile.TemporaryDirectory() as temporary:
         scratch = args.stats_dir or temporary
@@ -182,18 +183,6 @@ def shared_ms(span, others) -> float:
             total += b - max(a, end)
             end = b
     return total
-
-
-def evict_from_page_cache(warehouse: Path) -> int:
-    """Drops the page-cache pages of every segment file under `warehouse`; how many files."""
-    files = sorted(warehouse.glob("*/data/*.parquet"))
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return len(files)
 
 
 if __name__ == "__main__":

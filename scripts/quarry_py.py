@@ -67,6 +67,21 @@ def segment_paths(warehouse: str | os.PathLike, table: str) -> list[str]:
     return paths
 
 
+def warehouse_segment_paths(warehouse: str | os.PathLike) -> list[str]:
+    """Absolute paths of the segments of every table's current version."""
+    return [path for table in list_tables(warehouse) for path in segment_paths(warehouse, table)]
+
+
+def evict_from_page_cache(paths: Iterable[str | os.PathLike]) -> None:
+    """Drops the page-cache pages of each file (``posix_fadvise(DONTNEED)``): its next read is cold."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def list_tables(warehouse: str | os.PathLike) -> list[str]:
     """Tables of a warehouse: its subdirectories holding a ``CURRENT`` file, sorted."""
     root = Path(warehouse)

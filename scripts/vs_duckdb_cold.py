@@ -31,6 +31,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quarry_py import evict_from_page_cache, warehouse_segment_paths  # noqa: E402
+
 # The DuckDB side, run as its own process per run: argv = warehouse, sql file, threads, output.
 DUCKDB_RUN = r"""
 import json, os, sys, time
@@ -61,24 +64,6 @@ if out:
     pq.write_table(table, out)
 print(ms)
 """
-
-
-def segment_files(warehouse: Path) -> list[Path]:
-    """Every segment file of every table's committed manifest."""
-    files = []
-    for current in sorted(warehouse.glob("*/CURRENT")):
-        manifest = json.loads((current.parent / current.read_text().strip()).read_text())
-        files += [current.parent / s["path"] for s in manifest.get("segments") or []]
-    return files
-
-
-def evict(files: list[Path]) -> None:
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def norm(v):
@@ -146,7 +131,7 @@ def main() -> int:
     ap.add_argument("--pre", default="", help="extra Quarry args before `sql`")
     a = ap.parse_args()
 
-    files = segment_files(a.warehouse)
+    files = warehouse_segment_paths(a.warehouse)
     only = set(filter(None, a.only.split(",")))
     tmp = tempfile.mkdtemp(prefix="cold-")
     ratios, problems = [], []
@@ -159,7 +144,7 @@ def main() -> int:
         best_q = best_p = best_d = None
         best_stats, error = {}, None
         for run in range(a.repeat):
-            evict(files)
+            evict_from_page_cache(files)
             t0 = time.perf_counter()
             try:
                 r = subprocess.run([a.quarry, "--warehouse", str(a.warehouse), "--threads", str(a.threads), *a.pre.split(), "sql", "-f", sql_file,
@@ -175,7 +160,7 @@ def main() -> int:
             if best_q is None or stats["wall_ms"] < best_q:
                 best_q, best_stats = stats["wall_ms"], stats
             best_p = process_ms if best_p is None else min(best_p, process_ms)
-            evict(files)
+            evict_from_page_cache(files)
             try:
                 d = subprocess.run([sys.executable, "-c", DUCKDB_RUN, str(a.warehouse), sql_file, str(a.threads), d_out if run == 0 else ""],
                                    capture_output=True, text=True, timeout=a.timeout)

@@ -41,12 +41,7 @@ def disk_warehouse(quarry_bin, test_sf):
 
 
 def evict(warehouse: Path) -> None:
-    for path in warehouse.glob("*/data/*.parquet"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    q.evict_from_page_cache(q.warehouse_segment_paths(warehouse))
 
 
 def page_cache_drops(warehouse: Path) -> bool:
