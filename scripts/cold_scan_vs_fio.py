@@ -7,13 +7,14 @@ The scan reads every column of TABLE whose type is fixed-width (integers, decima
 `SELECT count(*), max(c1), max(c2), ... FROM TABLE`, as `quarry sql` in a fresh process, the
 warehouse's segment files evicted from the page cache before each run. Its bandwidth is the
 bytes `--stats` says came from the device (`reads.bytes_from_device`) over its `wall_ms` (parse,
-plan, every read, decoding: what a user waits for); best of `--repeat`.
+plan, every read, decoding: what a user waits for).
 
 fio reads the same segment files whole, one after another, in the block size Quarry asks the
 kernel for at a time (`WILLNEED_STEP` in `local_files.rs`, 512 KiB), at queue depths 1, 4 and 16,
 both through the page cache (`psync`, the kernel's own readahead, as a plain reader gets) and
-directly (`libaio`, `O_DIRECT`: the device alone); files evicted before each run, best of
-`--repeat`. Prints each figure and Quarry's fraction of the best fio figure.
+directly (`libaio`, `O_DIRECT`: the device alone). Files are evicted before each run; Quarry and
+the fio modes take turns, `--repeat` rounds; each one's best run counts, the range of its runs
+beside it. Prints each figure and Quarry's fraction of the best fio figure.
 """
 import argparse
 import json
@@ -65,11 +66,16 @@ def main() -> int:
     print(f"# $ python3 {' '.join(sys.argv)}")
     print(f"# commit {commit}{' (code changed since: dirty)' if dirty else ''}, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}; "
           f"{subprocess.run(['fio', '--version'], capture_output=True, text=True).stdout.strip()}")
-    print(f"# {a.table}: {len(files)} segment files, {total / 1e6:.0f} MB; block {BLOCK}; best of {a.repeat}, files evicted before every run")
+    print(f"# {a.table}: {len(files)} segment files, {total / 1e6:.0f} MB; block {BLOCK}; {a.repeat} rounds of Quarry and each fio mode in turn, best of each, files evicted before every run")
     print(f"# quarry: {sql}")
-    best = None
+    modes = ["quarry"] + [f"fio {engine}{' O_DIRECT' if direct else ' buffered'} qd {depth}"
+                          for engine, direct in (("psync", False), ("libaio", True)) for depth in ((1,) if engine == "psync" else (1, 4, 16))]
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    quarry_best = None
     with tempfile.TemporaryDirectory() as tmp:
         stats_path = Path(tmp) / "stats.json"
+        # Rounds: in each, Quarry and every fio mode once, in turn, so that a device whose speed
+        # drifts (a cloud disk's does) weighs on all of them alike.
         for _ in range(a.repeat):
             evict_from_page_cache(files)
             subprocess.run([a.quarry, "--warehouse", str(a.warehouse), "--threads", str(a.threads), "sql", sql, "--stats", str(stats_path)],
@@ -77,19 +83,20 @@ def main() -> int:
             stats = json.loads(stats_path.read_text())
             reads = stats["reads"]
             rate = reads["bytes_from_device"] / 1e6 / (stats["wall_ms"] / 1e3)
-            if best is None or rate > best[0]:
-                best = (rate, stats["wall_ms"], reads)
-    rate, wall_ms, reads = best
-    print(f"quarry    {rate:8.0f} MB/s  ({reads['bytes_from_device'] / 1e6:.0f} MB from the device of {reads['bytes'] / 1e6:.0f} MB read, "
-          f"{reads['requests']} requests, in {wall_ms:.0f} ms)")
-    fio = {}
-    for engine, direct in (("psync", False), ("libaio", True)):
-        for depth in ((1,) if engine == "psync" else (1, 4, 16)):
-            label = f"fio {engine}{' O_DIRECT' if direct else ' buffered'} qd {depth}"
-            fio[label] = max(fio_mb_per_s(files, engine, depth, direct) for _ in range(a.repeat))
-            print(f"{label:30} {fio[label]:8.0f} MB/s")
-    best_label = max(fio, key=fio.get)
-    print(f"quarry reaches {rate / fio[best_label]:.2f} of the best fio figure ({best_label}: {fio[best_label]:.0f} MB/s)")
+            rates["quarry"].append(rate)
+            if quarry_best is None or rate > quarry_best[0]:
+                quarry_best = (rate, stats["wall_ms"], reads)
+            for mode in modes[1:]:
+                _, engine, kind, _, depth = mode.split()
+                rates[mode].append(fio_mb_per_s(files, engine, int(depth), kind == "O_DIRECT"))
+    rate, wall_ms, reads = quarry_best
+    spread = lambda mode: f"(runs {min(rates[mode]):.0f}-{max(rates[mode]):.0f})"
+    print(f"{'quarry':30} {rate:8.0f} MB/s {spread('quarry')}: {reads['bytes_from_device'] / 1e6:.0f} MB from the device of "
+          f"{reads['bytes'] / 1e6:.0f} MB read, {reads['requests']} requests, in {wall_ms:.0f} ms")
+    for mode in modes[1:]:
+        print(f"{mode:30} {max(rates[mode]):8.0f} MB/s {spread(mode)}")
+    best_mode = max(modes[1:], key=lambda m: max(rates[m]))
+    print(f"quarry reaches {rate / max(rates[best_mode]):.2f} of the best fio figure ({best_mode}: {max(rates[best_mode]):.0f} MB/s)")
     return 0
 
 
