@@ -50,8 +50,8 @@ use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream};
 use datafusion::prelude::SessionConfig;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
-use futures::{FutureExt, StreamExt};
+use futures::stream::{self, BoxStream};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use quarry_table::segment::conform_batch;
@@ -271,6 +271,9 @@ impl SnapshotCache {
 
 /// Segments remembered for passthrough reads before the memo starts over.
 const STORED_SEGMENTS_REMEMBERED: usize = 100_000;
+
+/// Segment footers a page scan opens at once (see `paged_segments`).
+const FOOTERS_AT_ONCE: usize = 8;
 
 /// Cumulative counters since the node started (exported in Prometheus text format): the
 /// fragments' own counters ([`ScanStats::counters`]) summed, and what only the node sees.
@@ -758,20 +761,27 @@ impl LocalStorageNode {
         let mut counted = ScanStats::default();
         let kept = self.kept_segments(snapshot, leaf, predicate, &mut counted)?;
         let columns = leaf.schema();
+        let (store, footers) = (self.fragment_store(), self.footers());
+        // Footers opened a few at a time: cold, each is a read of its own, and a fact table
+        // has dozens of segments.
+        let opens = kept
+            .iter()
+            .map(|segment| {
+                let (path, size) = (object_path(&snapshot.segment_path(segment))?, segment.bytes);
+                let (store, footers, columns) = (Arc::clone(&store), Arc::clone(&footers), Arc::clone(&columns));
+                Ok(async move { PagedSegment::open(store.as_ref(), path, size, &columns, footers.as_ref()).await }.boxed())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let opened: Vec<_> = stream::iter(opens).buffered(FOOTERS_AT_ONCE).try_collect().await?;
         let mut segments = Vec::with_capacity(kept.len());
         let mut footer_bytes = 0u64;
-        for segment in &kept {
-            let path = object_path(&snapshot.segment_path(segment))?;
-            match PagedSegment::open(self.fragment_store().as_ref(), path, segment.bytes, &columns, self.footers().as_ref()).await? {
-                Ok((opened, bytes)) => {
-                    footer_bytes += bytes;
-                    segments.push(match zone_mask(keys, segment, &mut counted) {
-                        Some(mask) => opened.keeping(&mask),
-                        None => opened,
-                    });
-                }
-                Err(_) => return Ok(None),
-            }
+        for (segment, opened) in kept.iter().zip(opened) {
+            let Ok((opened, bytes)) = opened else { return Ok(None) };
+            footer_bytes += bytes;
+            segments.push(match zone_mask(keys, segment, &mut counted) {
+                Some(mask) => opened.keeping(&mask),
+                None => opened,
+            });
         }
         stats.segments_requested += counted.segments_requested;
         stats.segments_pruned += counted.segments_pruned;
