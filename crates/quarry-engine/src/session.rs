@@ -18,7 +18,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::analyze::AnalyzeExec;
 use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
 use datafusion::catalog::{CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList};
-use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::prelude::{DataFrame, SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
 use futures::StreamExt;
@@ -33,6 +33,8 @@ use crate::join_order::JoinOrderRule;
 use crate::key_set_filter::KeySetRule;
 use crate::keyed_aggregate::KeyedAggregateRule;
 use crate::magic_set::MagicSetRule;
+use crate::probe_yield::ProbeYieldRule;
+use crate::query_stop::QueryStop;
 use crate::conjunct_order::ConjunctOrderRule;
 use crate::decimal_arith::DecimalArithRule;
 use crate::decimal_division::DecimalDivisionRule;
@@ -208,6 +210,9 @@ impl QuarrySession {
         // Partial aggregates over few groups, after the decimal rewrite whose expressions they
         // take over.
         rules.push(Arc::new(SmallGroupAggregateRule));
+        // Yield points under nested-loop joins, so that a cancelled query stops within one
+        // probe batch (before shared subplans, which may hold such a join).
+        rules.push(Arc::new(ProbeYieldRule));
         // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
         rules.push(Arc::new(SharedSubplanRule));
         let state = SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
@@ -323,8 +328,16 @@ impl QuarrySession {
 
     /// Runs `plan` (from [`Self::plan`], parameters bound), its rows as a stream.
     pub async fn stream(&self, plan: LogicalPlan) -> Result<SendableRecordBatchStream> {
+        self.stream_until_stopped(plan, Arc::new(QueryStop::default())).await
+    }
+
+    /// [`Self::stream`], ending with an error soon after `stop` is set, even inside an operator
+    /// that computes long between yields.
+    pub async fn stream_until_stopped(&self, plan: LogicalPlan, stop: Arc<QueryStop>) -> Result<SendableRecordBatchStream> {
         check_read_only(&plan)?;
-        self.ctx.execute_logical_plan(plan).await?.execute_stream().await
+        let (mut state, plan) = self.ctx.execute_logical_plan(plan).await?.into_parts();
+        state.config_mut().set_extension(stop);
+        DataFrame::new(state, plan).execute_stream().await
     }
 
     /// Runs SQL text of exactly one statement and collects the result.

@@ -33,7 +33,7 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
-use quarry_engine::{QuarrySession, user_message};
+use quarry_engine::{QuarrySession, QueryStop, user_message};
 use quarry_table::manifest::{storage_schema, storage_type};
 use quarry_table::segment::conform_batch;
 use serde::{Deserialize, Serialize};
@@ -90,9 +90,11 @@ impl QuarryFlightSql {
         let schema = result_schema(&plan);
         let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Option<RecordBatch>, Status>>(2);
         let task_schema = Arc::clone(&schema);
+        let stop = Arc::new(QueryStop::default());
+        let query_stop = Arc::clone(&stop);
         let task = self.queries.spawn(async move {
             let result = async {
-                let mut stream = session.stream(plan).await.map_err(status)?;
+                let mut stream = session.stream_until_stopped(plan, query_stop).await.map_err(status)?;
                 while let Some(batch) = stream.next().await {
                     let batch = conform_batch(&batch.map_err(status)?, &task_schema).map_err(Status::internal)?;
                     if sender.send(Ok(Some(batch))).await.is_err() {
@@ -105,15 +107,24 @@ impl QuarryFlightSql {
             // The end marker: a stream that closes without it was cancelled.
             let _ = sender.send(result.map(|()| None)).await;
         });
-        self.state.started(id, task.abort_handle());
-        let running = RunningQuery { state: Arc::clone(&self.state), id, task: task.abort_handle() };
-        let batches = futures::stream::unfold((receiver, Some(running)), |(mut receiver, guard)| async move {
-            guard.as_ref()?;
-            match receiver.recv().await {
-                Some(Ok(Some(batch))) => Some((Ok(batch), (receiver, guard))),
-                Some(Ok(None)) => None,
-                Some(Err(e)) => Some((Err(FlightError::Tonic(Box::new(e))), (receiver, None))),
-                None => Some((Err(FlightError::Tonic(Box::new(Status::cancelled("the query was cancelled")))), (receiver, None))),
+        self.state.started(id, task.abort_handle(), Arc::clone(&stop));
+        let running = RunningQuery { state: Arc::clone(&self.state), id, task: task.abort_handle(), stop: Arc::clone(&stop) };
+        // A task aborts only when it next yields and the runtime polls it again, which a busy
+        // query can hold off for many seconds: the stream ends on the cancellation itself.
+        let batches = futures::stream::unfold((receiver, Some(running)), move |(mut receiver, guard)| {
+            let stop = Arc::clone(&stop);
+            async move {
+                guard.as_ref()?;
+                tokio::select! {
+                    biased;
+                    () = stop.wait() => Some((Err(cancelled_error()), (receiver, None))),
+                    message = receiver.recv() => match message {
+                        Some(Ok(Some(batch))) => Some((Ok(batch), (receiver, guard))),
+                        Some(Ok(None)) => None,
+                        Some(Err(e)) => Some((Err(FlightError::Tonic(Box::new(e))), (receiver, None))),
+                        None => Some((Err(cancelled_error()), (receiver, None))),
+                    },
+                }
             }
         });
         let stream = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(Status::from);
@@ -198,13 +209,20 @@ struct RunningQuery {
     state: Arc<ServerState>,
     id: u64,
     task: tokio::task::AbortHandle,
+    stop: Arc<QueryStop>,
 }
 
 impl Drop for RunningQuery {
     fn drop(&mut self) {
         self.task.abort();
+        self.stop.stop();
         self.state.ended(self.id);
     }
+}
+
+/// How a cancelled query's stream ends.
+fn cancelled_error() -> FlightError {
+    FlightError::Tonic(Box::new(Status::cancelled("the query was cancelled")))
 }
 
 /// The session id in the request's cookies.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
-use quarry_engine::QuarrySession;
+use quarry_engine::{QuarrySession, QueryStop};
 use tokio::task::AbortHandle;
 
 /// The cookie naming a client's session.
@@ -37,7 +37,7 @@ pub struct ServerState {
     sessions: Mutex<HashMap<String, (Arc<QuarrySession>, Instant)>>,
     prepared: Mutex<HashMap<u64, (Arc<Mutex<Prepared>>, Instant)>>,
     /// The queries running now, by their ticket's query id.
-    running: Mutex<HashMap<u64, AbortHandle>>,
+    running: Mutex<HashMap<u64, Running>>,
 }
 
 impl ServerState {
@@ -90,9 +90,10 @@ impl ServerState {
         self.prepared.lock().expect("prepared lock").remove(&handle).is_some()
     }
 
-    /// Records the running query `id`, which `abort` stops.
-    pub fn started(&self, id: u64, abort: AbortHandle) {
-        self.running.lock().expect("running lock").insert(id, abort);
+    /// Records the running query `id`: a cancellation aborts its task and sets its `stop`
+    /// (which the response stream waits on, and long-running operators check).
+    pub fn started(&self, id: u64, task: AbortHandle, stop: Arc<QueryStop>) {
+        self.running.lock().expect("running lock").insert(id, Running { task, stop });
     }
 
     /// The query `id` ended.
@@ -103,8 +104,9 @@ impl ServerState {
     /// Stops the query `id`; whether it was running.
     pub fn cancel(&self, id: u64) -> bool {
         match self.running.lock().expect("running lock").remove(&id) {
-            Some(abort) => {
-                abort.abort();
+            Some(running) => {
+                running.task.abort();
+                running.stop.stop();
                 true
             }
             None => false,
@@ -115,6 +117,12 @@ impl ServerState {
     pub async fn fresh(&self) -> datafusion::error::Result<Arc<QuarrySession>> {
         Ok(Arc::new(self.base.fork().await?))
     }
+}
+
+/// A running query's handles.
+struct Running {
+    task: AbortHandle,
+    stop: Arc<QueryStop>,
 }
 
 /// Drops what has been idle too long, and the least recently used beyond [`MAX_HELD`] - 1.
