@@ -500,3 +500,31 @@ def test_bench_draws_a_chart_with_a_peers_times_and_ratios(tmp_path):
     assert len([t for t in texts if re.fullmatch(r"\d+\.\d\dx", t)]) == 3, texts
     bad = q.run_quarry([*args, "--chart", tmp_path / "chart.gif"], wh, check=False)
     assert bad.returncode != 0 and "must end in .png or .svg" in bad.stderr, bad.stderr
+
+
+def test_ctrl_c_stops_a_statement_not_the_shell(tpch_warehouse):
+    """In `quarry shell`, Ctrl-C (SIGINT) stops the running statement within seconds, even a
+    join that computes for seconds between yields: the shell says so and runs the next one."""
+    import signal
+    import subprocess
+    import time
+
+    endless = "select count(*) from lineitem a, lineitem b where a.l_quantity + b.l_quantity < 0;\n"
+    proc = subprocess.Popen([q.quarry_bin(), "--warehouse", str(tpch_warehouse), "shell"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(endless)
+        proc.stdin.flush()
+        time.sleep(3)
+        assert proc.poll() is None, proc.communicate()
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(input="select 42 as answer;\n", timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (out[-2000:], err[-2000:])
+    assert "interrupted (Ctrl-C)" in err, err
+    assert re.search(r"\| 42 +\|", out), out
+    assert took < 15, took
