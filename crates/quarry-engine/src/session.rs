@@ -210,8 +210,8 @@ impl QuarrySession {
         // Partial aggregates over few groups, after the decimal rewrite whose expressions they
         // take over.
         rules.push(Arc::new(SmallGroupAggregateRule));
-        // Yield points under nested-loop joins, so that a cancelled query stops within one
-        // probe batch (before shared subplans, which may hold such a join).
+        // Yield and stop points in nested-loop and cross joins, so that a cancelled query
+        // stops within a batch (before shared subplans, which may hold such a join).
         rules.push(Arc::new(ProbeYieldRule));
         // Shared subplans last, on the finished plan: nothing may rewrite one occurrence after.
         rules.push(Arc::new(SharedSubplanRule));

@@ -41,7 +41,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::catalog::{CATALOG, SCHEMA, sql_info, xdbc_type_info};
-use crate::sessions::{Prepared, SESSION_COOKIE, ServerState};
+use crate::sessions::{Prepared, Running, SESSION_COOKIE, ServerState};
 
 /// The action a client cancels a query with (Flight's own; `CancelQuery` is Flight SQL's older one).
 const CANCEL_FLIGHT_INFO: &str = "CancelFlightInfo";
@@ -107,8 +107,9 @@ impl QuarryFlightSql {
             // The end marker: a stream that closes without it was cancelled.
             let _ = sender.send(result.map(|()| None)).await;
         });
-        self.state.started(id, task.abort_handle(), Arc::clone(&stop));
-        let running = RunningQuery { state: Arc::clone(&self.state), id, task: task.abort_handle(), stop: Arc::clone(&stop) };
+        let handles = Running { task: task.abort_handle(), stop: Arc::clone(&stop) };
+        self.state.started(id, handles.clone());
+        let running = RunningQuery { state: Arc::clone(&self.state), id, handles };
         // A task aborts only when it next yields and the runtime polls it again, which a busy
         // query can hold off for many seconds: the stream ends on the cancellation itself.
         let batches = futures::stream::unfold((receiver, Some(running)), move |(mut receiver, guard)| {
@@ -208,14 +209,12 @@ impl StatementTicket {
 struct RunningQuery {
     state: Arc<ServerState>,
     id: u64,
-    task: tokio::task::AbortHandle,
-    stop: Arc<QueryStop>,
+    handles: Running,
 }
 
 impl Drop for RunningQuery {
     fn drop(&mut self) {
-        self.task.abort();
-        self.stop.stop();
+        self.handles.stop();
         self.state.ended(self.id);
     }
 }

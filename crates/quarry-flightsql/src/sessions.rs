@@ -92,8 +92,8 @@ impl ServerState {
 
     /// Records the running query `id`: a cancellation aborts its task and sets its `stop`
     /// (which the response stream waits on, and long-running operators check).
-    pub fn started(&self, id: u64, task: AbortHandle, stop: Arc<QueryStop>) {
-        self.running.lock().expect("running lock").insert(id, Running { task, stop });
+    pub fn started(&self, id: u64, running: Running) {
+        self.running.lock().expect("running lock").insert(id, running);
     }
 
     /// The query `id` ended.
@@ -105,8 +105,7 @@ impl ServerState {
     pub fn cancel(&self, id: u64) -> bool {
         match self.running.lock().expect("running lock").remove(&id) {
             Some(running) => {
-                running.task.abort();
-                running.stop.stop();
+                running.stop();
                 true
             }
             None => false,
@@ -119,10 +118,20 @@ impl ServerState {
     }
 }
 
-/// A running query's handles.
-struct Running {
-    task: AbortHandle,
-    stop: Arc<QueryStop>,
+/// A running query's handles: its task, and the stop its response stream and long-running
+/// operators watch.
+#[derive(Clone)]
+pub struct Running {
+    pub task: AbortHandle,
+    pub stop: Arc<QueryStop>,
+}
+
+impl Running {
+    /// Aborts the task (it ends at its next yield) and sets the stop.
+    pub fn stop(&self) {
+        self.task.abort();
+        self.stop.stop();
+    }
 }
 
 /// Drops what has been idle too long, and the least recently used beyond [`MAX_HELD`] - 1.
