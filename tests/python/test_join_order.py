@@ -246,3 +246,30 @@ def test_filter_estimate_chooses_the_build_side(build_side_warehouse, tmp_path):
     assert "table=big" in build, plan
     cmp = q.compare_with_duckdb(build_side_warehouse, BUILD_SIDE_SQL, out_dir=tmp_path)
     assert cmp, cmp
+
+
+def optimizer_passes(warehouse, sql: str) -> list[list[tuple[str, bool]]]:
+    """EXPLAIN VERBOSE's logical optimizer steps, pass by pass: (rule, changed the plan)."""
+    import csv
+    import io
+
+    csv.field_size_limit(1 << 30)
+    out = q.run_quarry(["sql", "--format", "csv", f"EXPLAIN VERBOSE {sql}"], warehouse).stdout
+    steps = [(row[0].removeprefix("logical_plan after "), row[1].strip() != "SAME TEXT AS ABOVE")
+             for row in csv.reader(io.StringIO(out)) if row and row[0].startswith("logical_plan after ")]
+    # Each pass of DataFusion's optimizer starts with its first rule; the analyzer's come before.
+    starts = [i for i, (rule, _) in enumerate(steps) if rule == "rewrite_set_comparison"]
+    assert starts, out[:2000]
+    return [steps[a:b] for a, b in zip(starts, starts[1:] + [len(steps)])]
+
+
+def test_ordering_a_plan_it_has_ordered_changes_nothing(tpch_warehouse):
+    """The rule leaves a plan it has ordered (and DataFusion has pruned of unused columns) as
+    it is. It used to end a reordered region in a projection of the columns its consumer reads,
+    under the consumer's own; `optimize_projections` merged the two and the rule's next pass
+    stacked them again, so the rule changed the plan in every pass of the optimizer."""
+    path = next(p for p in q.query_files("tpch") if p.stem == "q10")
+    passes = optimizer_passes(tpch_warehouse, q.strip_sql_comments(path.read_text(encoding="utf-8")))
+    assert any(changed for rule, changed in passes[0] if rule == "quarry_join_order"), passes[0]
+    later = [(n + 2, rule) for n, steps in enumerate(passes[1:]) for rule, changed in steps if changed and rule == "quarry_join_order"]
+    assert not later, later

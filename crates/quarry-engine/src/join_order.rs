@@ -104,17 +104,37 @@ fn rewrite(plan: LogicalPlan, wanted: Option<&[Column]>) -> Result<LogicalPlan> 
         LogicalPlan::Limit(_) => wanted.map(<[Column]>::to_vec),
         _ => None,
     };
-    let changed = plan.map_children(|child| Ok(Transformed::yes(rewrite(child, for_children.as_deref())?)))?.data;
+    let changed = read_through_column_projection(plan.map_children(|child| Ok(Transformed::yes(rewrite(child, for_children.as_deref())?)))?.data)?;
     match changed {
         // A projection of columns whose consumer reads by name lists them in its input's order,
         // so that the columns' order, too, does not depend on how the query was written.
-        LogicalPlan::Projection(p) if wanted.is_some() && p.expr.iter().all(|e| matches!(e, Expr::Column(_))) => {
+        LogicalPlan::Projection(p) if wanted.is_some() && is_column_only(&p) => {
             let mut exprs = p.expr.clone();
             let position = |e: &Expr| e.try_as_col().and_then(|c| p.input.schema().index_of_column(c).ok()).unwrap_or(usize::MAX);
             exprs.sort_by_key(position);
             Ok(LogicalPlan::Projection(Projection::try_new(exprs, Arc::clone(&p.input))?))
         }
         other => other.recompute_schema(),
+    }
+}
+
+fn is_column_only(projection: &Projection) -> bool {
+    projection.expr.iter().all(|e| matches!(e, Expr::Column(_)))
+}
+
+/// `plan`, a projection, without the column-only projection between it and its input: its
+/// expressions read the same columns below it. A reordered region ends in such a projection
+/// (the columns its consumer reads); left under the consumer's projection, DataFusion's
+/// `optimize_projections` merged the two, the next pass of this rule stacked them again, and the
+/// optimizer, never seeing a pass change nothing, ran all its passes on every query with a join
+/// region.
+fn read_through_column_projection(plan: LogicalPlan) -> Result<LogicalPlan> {
+    match plan {
+        LogicalPlan::Projection(outer) => match outer.input.as_ref() {
+            LogicalPlan::Projection(inner) if is_column_only(inner) => Ok(LogicalPlan::Projection(Projection::try_new(outer.expr, Arc::clone(&inner.input))?)),
+            _ => Ok(LogicalPlan::Projection(outer)),
+        },
+        other => Ok(other),
     }
 }
 
@@ -127,7 +147,7 @@ fn rewrite_relation(plan: &LogicalPlan) -> Result<LogicalPlan> {
 /// A projection giving `reordered` the column order of `schema`.
 fn restore_order(reordered: LogicalPlan, schema: &DFSchemaRef) -> Result<LogicalPlan> {
     let exprs = schema.columns().into_iter().map(Expr::Column).collect();
-    Ok(LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(reordered))?))
+    read_through_column_projection(LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(reordered))?))
 }
 
 /// An inner equi-join whose keys compare with `=` (NULLs never match).
