@@ -187,9 +187,15 @@ impl Validity {
     fn rows_of_values(&self, base: u32) -> Vec<u32> {
         let mut rows = Vec::with_capacity(self.values);
         for (w, &word) in self.words.iter().enumerate() {
+            let first = base + (w * 64) as u32;
+            // A word with no NULL (most of them where NULLs are rare) is a run of 64 rows.
+            if word == u64::MAX {
+                rows.extend(first..first + 64);
+                continue;
+            }
             let mut bits = word;
             while bits != 0 {
-                rows.push(base + (w * 64) as u32 + bits.trailing_zeros());
+                rows.push(first + bits.trailing_zeros());
                 bits &= bits - 1;
             }
         }
@@ -240,37 +246,7 @@ impl Indices {
             return unsupported(format!("dictionary indices of {bit_width} bits"));
         }
         let mut runs = Vec::new();
-        let mut pos = 1usize;
-        let mut first = 0usize;
-        while first < count {
-            let (header, used) = read_uleb128(&data[pos.min(data.len())..])?;
-            pos += used;
-            if header & 1 == 1 {
-                let groups = (header >> 1) as usize;
-                let len = (groups * 8).min(count - first);
-                let bytes = groups * bit_width as usize;
-                if pos + bytes > data.len() {
-                    return unsupported("bit-packed run past the end of the page");
-                }
-                runs.push(Run { first: first as u32, len: len as u32, kind: RunKind::Packed(pos as u32) });
-                pos += bytes;
-                first += len;
-            } else {
-                let len = ((header >> 1) as usize).min(count - first);
-                let width = (bit_width as usize).div_ceil(8);
-                let Some(raw) = data.get(pos..pos + width) else { return unsupported("repeated run past the end of the page") };
-                // Little-endian, assembled in registers: copying 1-4 bytes into an array and
-                // reading it back as a u32 called memcpy and stalled on the store; with the short
-                // runs of definition levels, that was 60% of this function (perf, TPC-DS SF 1).
-                let value = raw.iter().rev().fold(0u32, |value, &byte| (value << 8) | u32::from(byte));
-                runs.push(Run { first: first as u32, len: len as u32, kind: RunKind::Repeated(value) });
-                pos += width;
-                first += len;
-                if len == 0 {
-                    return unsupported("an empty repeated run");
-                }
-            }
-        }
+        visit_runs(&data, 1, bit_width, count, |run| runs.push(run))?;
         Ok(Indices { data, bit_width, runs })
     }
 
@@ -842,6 +818,43 @@ fn append_kept(rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>, n: usize, mut 
     }
 }
 
+/// Visits, in order, the runs of the RLE / bit-packed hybrid encoding of `count` values
+/// `bit_width` bits wide that `data` holds from byte `pos` on (a packed run's position is a
+/// byte of `data`).
+fn visit_runs(data: &[u8], mut pos: usize, bit_width: u8, count: usize, mut visit: impl FnMut(Run)) -> Result<()> {
+    let mut first = 0usize;
+    while first < count {
+        let (header, used) = read_uleb128(&data[pos.min(data.len())..])?;
+        pos += used;
+        if header & 1 == 1 {
+            let groups = (header >> 1) as usize;
+            let len = (groups * 8).min(count - first);
+            let bytes = groups * bit_width as usize;
+            if pos + bytes > data.len() {
+                return unsupported("bit-packed run past the end of the page");
+            }
+            visit(Run { first: first as u32, len: len as u32, kind: RunKind::Packed(pos as u32) });
+            pos += bytes;
+            first += len;
+        } else {
+            let len = ((header >> 1) as usize).min(count - first);
+            if len == 0 {
+                return unsupported("an empty repeated run");
+            }
+            let width = (bit_width as usize).div_ceil(8);
+            let Some(raw) = data.get(pos..pos + width) else { return unsupported("repeated run past the end of the page") };
+            // Little-endian, assembled in registers: copying 1-4 bytes into an array and
+            // reading it back as a u32 called memcpy and stalled on the store; with the short
+            // runs of definition levels, that was 60% of the parsing (perf, TPC-DS SF 1).
+            let value = raw.iter().rev().fold(0u32, |value, &byte| (value << 8) | u32::from(byte));
+            visit(Run { first: first as u32, len: len as u32, kind: RunKind::Repeated(value) });
+            pos += width;
+            first += len;
+        }
+    }
+    Ok(())
+}
+
 /// `keep_*` over a page of dictionary indices: `table` is the code of each entry.
 fn keep_indices(indices: &Indices, table: &[u32], base: u32, in_page: Option<&[u32]>, rows_out: &mut Vec<u32>, codes_out: &mut Vec<u32>) {
     let lookup = |index: u32| table.get(index as usize).copied().unwrap_or(NO_CODE);
@@ -924,20 +937,15 @@ fn split_definition_levels(page: Bytes, rows: usize) -> Result<(Bytes, Option<Bo
     let Some(len) = page.get(..4) else { return unsupported("a page without its definition levels") };
     let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
     let Some(levels) = page.get(4..4 + len) else { return unsupported("definition levels past the end of the page") };
-    let mut encoded = Vec::with_capacity(len + 1);
-    encoded.push(1u8);
-    encoded.extend_from_slice(levels);
-    let levels = Indices::parse(Bytes::from(encoded), rows)?;
+    // Decoded as the runs are read, with no list of them kept.
     let mut valid = BooleanBufferBuilder::new(rows);
-    for run in &levels.runs {
-        match run.kind {
-            RunKind::Repeated(level) => valid.append_n(run.len as usize, level == 1),
-            RunKind::Packed(start) => {
-                let first = start as usize * 8;
-                valid.append_packed_range(first..first + run.len as usize, &levels.data);
-            }
+    visit_runs(levels, 0, 1, rows, |run| match run.kind {
+        RunKind::Repeated(level) => valid.append_n(run.len as usize, level == 1),
+        RunKind::Packed(start) => {
+            let first = start as usize * 8;
+            valid.append_packed_range(first..first + run.len as usize, levels);
         }
-    }
+    })?;
     let valid = valid.finish();
     let values = page.slice(4 + len..);
     Ok(if valid.count_set_bits() == rows { (values, None) } else { (values, Some(valid)) })
