@@ -11,6 +11,8 @@ condition over both, non-equi and multi-column join conditions.
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 
 import pytest
@@ -250,9 +252,6 @@ def test_filter_estimate_chooses_the_build_side(build_side_warehouse, tmp_path):
 
 def optimizer_passes(warehouse, sql: str) -> list[list[tuple[str, bool]]]:
     """EXPLAIN VERBOSE's logical optimizer steps, pass by pass: (rule, changed the plan)."""
-    import csv
-    import io
-
     csv.field_size_limit(1 << 30)
     out = q.run_quarry(["sql", "--format", "csv", f"EXPLAIN VERBOSE {sql}"], warehouse).stdout
     steps = [(row[0].removeprefix("logical_plan after "), row[1].strip() != "SAME TEXT AS ABOVE")

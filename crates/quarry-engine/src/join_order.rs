@@ -118,6 +118,7 @@ fn rewrite(plan: LogicalPlan, wanted: Option<&[Column]>) -> Result<LogicalPlan> 
     }
 }
 
+/// A projection that only picks columns (no expression, no alias).
 fn is_column_only(projection: &Projection) -> bool {
     projection.expr.iter().all(|e| matches!(e, Expr::Column(_)))
 }
