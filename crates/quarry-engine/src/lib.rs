@@ -20,6 +20,7 @@ pub mod join_order;
 pub mod key_set_filter;
 pub mod keyed_aggregate;
 pub mod magic_set;
+pub mod null_rejecting_keys;
 pub mod output;
 pub mod placement;
 pub mod probe_yield;

@@ -33,6 +33,7 @@ use crate::join_order::JoinOrderRule;
 use crate::key_set_filter::KeySetRule;
 use crate::keyed_aggregate::KeyedAggregateRule;
 use crate::magic_set::MagicSetRule;
+use crate::null_rejecting_keys::NullRejectingKeysRule;
 use crate::probe_yield::ProbeYieldRule;
 use crate::query_stop::QueryStop;
 use crate::conjunct_order::ConjunctOrderRule;
@@ -165,6 +166,8 @@ impl QuarrySession {
             // Grouping sets over pre-aggregated rows first: the plain aggregate it adds below
             // them is ordered, and may become a star join, like any other.
             .with_optimizer_rule(Arc::new(GroupingSetRule))
+            // Outer joins a join above makes inner, before the rules that order inner joins.
+            .with_optimizer_rule(Arc::new(NullRejectingKeysRule))
             // The magic-set rule next: the semi joins it adds are placed by join ordering.
             .with_optimizer_rule(Arc::new(MagicSetRule))
             .with_optimizer_rule(Arc::new(JoinOrderRule));
