@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Is Quarry's default placement (``--pushdown auto``) as fast as the better of always and never?
 
-    python3 scripts/bench_modes.py --suite ssb|tpch --warehouse DIR [--embedded | --node | --both] \
-        [--threads 2] [--repeat 3] [--max-ratio 1.10] [--queries q1.1,q2.1] [--link-mbps N] [--json FILE]
+    python3 scripts/bench_modes.py --suite ssb|tpch|tpcds --warehouse DIR [--embedded | --node | --both] \
+        [--threads 2] [--repeat 3] [--max-ratio 1.10] [--queries q1.1,q2.1] [--link-mbps N] \
+        [--profile NAME] [--json FILE]
 
 For every query file of queries/SUITE/ it runs Quarry in three modes:
 
@@ -29,6 +30,8 @@ Placements (the same warehouse DIR):
                 the host gets DIR's calibration (``quarry calibrate``) if it has one: host and
                 node share this machine
     --both      both, embedded first
+--profile NAME gives the storage node (embedded or served) that device profile (`quarry sql
+--profile`, `quarry serve --profile`); --link-mbps overrides the profile's link.
 
 Per query it prints the three modes' times, which of on/off is faster, and auto / best(on, off)
 by the statistic (and by the other one, in brackets).
@@ -65,7 +68,7 @@ STATISTICS = {"median": statistics.median, "best": min}
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", required=True, choices=["ssb", "tpch"])
+    ap.add_argument("--suite", required=True, choices=["ssb", "tpch", "tpcds"])
     ap.add_argument("--warehouse", required=True, help="warehouse holding the suite's tables")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--embedded", action="store_const", dest="placement", const="embedded",
@@ -81,6 +84,7 @@ def parse_args(argv=None):
                     help="a mode's time over its timed runs: their median (default) or the least")
     ap.add_argument("--queries", help="comma-separated query names (default: all of the suite)")
     ap.add_argument("--link-mbps", type=float, help="the node's link bandwidth in MB/s (node placement; default unlimited)")
+    ap.add_argument("--profile", help="device profile of the storage node (built-in name or JSON file; default: none)")
     ap.add_argument("--json", help="write the report to this file")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run (default 1800)")
     args = ap.parse_args(argv)
@@ -199,11 +203,13 @@ def verdict(runs: dict, max_ratio: float, statistic: str = "median") -> dict:
 
 def bench_placement(args, placement: str, files: list[Path], tmp: Path) -> list[dict]:
     """All queries in one placement; prints a line per query as it finishes."""
+    profile = [] if args.profile is None else ["--profile", args.profile]
     if placement == "embedded":
-        return [bench_one(args, placement, ["--warehouse", str(args.warehouse)], path, tmp) for path in files]
+        return [bench_one(args, placement, ["--warehouse", str(args.warehouse), *profile], path, tmp) for path in files]
     link = [] if args.link_mbps is None else ["--link-mbps", str(args.link_mbps)]
-    with q.StorageNodes([args.warehouse], ["--threads", str(args.threads), *link]) as node:
-        print(f"storage node {node.arg} over {args.warehouse}" + (f", link {args.link_mbps:g} MB/s" if link else ""), flush=True)
+    with q.StorageNodes([args.warehouse], ["--threads", str(args.threads), *profile, *link]) as node:
+        print(f"storage node {node.arg} over {args.warehouse}" + (f", profile {args.profile}" if profile else "")
+              + (f", link {args.link_mbps:g} MB/s" if link else ""), flush=True)
         host_dir = tmp / "host-warehouse"  # the host reads nothing locally
         host_dir.mkdir(exist_ok=True)
         # The host runs on this machine, where the node's rates were measured (quarry calibrate).
@@ -296,6 +302,7 @@ def main(argv=None) -> int:
             "warehouse": str(Path(args.warehouse).resolve()),
             "threads": args.threads,
             "link_mbps": args.link_mbps,
+            "profile": args.profile,
             "repeat": args.repeat,
             "max_ratio": args.max_ratio,
             "statistic": f"{args.statistic} --stats wall_ms of the timed rounds after one warm-up round; modes interleaved",
