@@ -89,3 +89,20 @@ def test_operators_of_our_own_carry_row_estimates(tpcds_warehouse):
     assert any("StarAggregateExec" in line for line in ours) and any("KeySetCollectExec" in line for line in ours), plan
     unknown = [line.strip()[:160] for line in ours if "statistics=[Rows=Absent" in line]
     assert not unknown, "\n".join(unknown)
+
+
+def test_pushed_down_union_branch_on_a_node(tpcds_warehouse, tpcds_duck, tmp_path):
+    """q05 with every operator that can run on a served node there (``--pushdown on``): each
+    UNION ALL branch's projection casts a literal where the other branches have a column, and
+    the node, planning the branch again from the wire, knows that column is never NULL where
+    the host's plan says it may be. The host takes the batch under its own schema (RecordBatch
+    validation still refuses a NULL where the host's schema has none); equal to DuckDB."""
+    path = next(p for p in TPCDS_FILES if p.stem == "q05")
+    out = tmp_path / "out.parquet"
+    with q.StorageNodes([tpcds_warehouse]) as node:
+        run = q.run_quarry(["sql", "-f", str(path), "--nodes", node.arg, "--pushdown", "on", "--format", "parquet", "--output", str(out)],
+                           tmp_path / "host", check=False)
+        assert run.returncode == 0, run.stderr
+    sql = path.read_text(encoding="utf-8")
+    cmp = q.compare_query_results(sql, q.read_parquet_result(out), q.duckdb_result(tpcds_duck, sql))
+    assert cmp, cmp

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use arrow::array::RecordBatch;
+use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::config::ConfigOptions;
@@ -834,6 +834,24 @@ impl ExecutionPlan for FragmentExec {
     }
 }
 
+/// `batch` under `schema` when its columns are the schema's, by name and type, and their nulls
+/// are allowed there. A remote node plans its fragment again from the wire, and may know more of
+/// a column's nullability than the host's plan says (TPC-DS q05: a `CAST(0 AS DECIMAL)` that a
+/// UNION above makes nullable); `RecordBatch::try_new` refuses a column with NULLs where the
+/// schema has none.
+fn conformed(batch: RecordBatch, schema: &SchemaRef) -> Option<RecordBatch> {
+    let got = batch.schema();
+    if got.fields() == schema.fields() {
+        return Some(batch);
+    }
+    let same_columns = got.fields().len() == schema.fields().len()
+        && got.fields().iter().zip(schema.fields()).all(|(g, w)| g.name() == w.name() && g.data_type() == w.data_type() && g.metadata() == w.metadata());
+    if !same_columns {
+        return None;
+    }
+    RecordBatch::try_new_with_options(Arc::clone(schema), batch.columns().to_vec(), &RecordBatchOptions::new().with_row_count(Some(batch.num_rows()))).ok()
+}
+
 /// Validates a node's response stream and turns its closing statistics into metrics.
 struct ResponseChecker {
     node_name: String,
@@ -860,13 +878,14 @@ impl ResponseChecker {
                 Checked::Item(Err(DataFusionError::Execution(format!("node {node} sent a batch after finishing the fragment"))))
             }
             Some(Ok(ScanMessage::Batch(batch))) => {
-                if batch.schema().fields() != self.schema.fields() {
+                let sent = batch.schema();
+                let Some(batch) = conformed(batch, &self.schema) else {
                     return Checked::Item(Err(DataFusionError::Execution(format!(
                         "node {node} returned columns {:?}, expected {:?}",
-                        batch.schema().fields(),
+                        sent.fields(),
                         self.schema.fields()
                     ))));
-                }
+                };
                 self.counters.output_rows.add(batch.num_rows());
                 Checked::Item(Ok(batch))
             }
@@ -901,4 +920,38 @@ struct FragmentCounters {
     output_rows: Count,
     /// The node's counters, in [`scan_counter::ALL`]'s order.
     node: [Count; scan_counter::ALL.len()],
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::conformed;
+
+    fn batch(nullable: bool, values: Vec<Option<i64>>) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, nullable)]));
+        let column: ArrayRef = Arc::new(Int64Array::from(values));
+        RecordBatch::try_new(schema, vec![column]).expect("valid batch")
+    }
+
+    #[test]
+    fn a_node_batch_is_taken_under_the_hosts_nullability_only_where_its_values_allow() {
+        let nullable = batch(true, vec![Some(1)]).schema();
+        let never_null = batch(false, vec![Some(1)]).schema();
+        // Stricter on the node than on the host: taken, under the host's schema.
+        let taken = conformed(batch(false, vec![Some(1), Some(2)]), &nullable).expect("taken");
+        assert_eq!(taken.schema(), nullable);
+        assert_eq!(taken.num_rows(), 2);
+        // Nullable on the node: taken where no value is NULL, refused where one is.
+        assert!(conformed(batch(true, vec![Some(1)]), &never_null).is_some());
+        assert!(conformed(batch(true, vec![Some(1), None]), &never_null).is_none());
+        // Another name or type: refused.
+        let other = Arc::new(Schema::new(vec![Field::new("j", DataType::Int64, true)]));
+        assert!(conformed(batch(true, vec![Some(1)]), &other).is_none());
+        let wider = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, true)]));
+        assert!(conformed(batch(true, vec![Some(1)]), &wider).is_none());
+    }
 }
