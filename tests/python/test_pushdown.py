@@ -412,6 +412,27 @@ def test_a_slow_device_leaves_a_join_filter_to_the_host(tpch_warehouse, tmp_path
     assert sum(c["thread_wait_ns"] for c in fragments) > 0, fragments
 
 
+def test_a_devices_compute_is_paced_in_every_task_of_a_pushed_join(tpch_warehouse, tmp_path):
+    """A join pushed onto a device with two threads: the node plans it with a repartition,
+    whose input runs in tasks of its own. Their work is the device's too, so it is counted as
+    device CPU and paid for at the profile's slowdown, as on a device with one thread (where
+    no repartition is planned). Each task's polls were left unpaced: the two-thread device
+    counted 0.5% of the one-thread device's CPU for TPC-DS q15."""
+    sql = ("select o_orderpriority, count(*) as n from orders, lineitem where o_orderkey = l_orderkey "
+           "and l_quantity < 20 group by o_orderpriority order by o_orderpriority")
+    device = {}
+    for threads in (1, 2):
+        profile = tmp_path / f"slow-{threads}.json"
+        profile.write_text(json.dumps({"name": f"slow-{threads}", "device_threads": threads, "compute_slowdown": 4}))
+        stats = tmp_path / f"stats-{threads}.json"
+        q.run_quarry(["--profile", profile, "--pushdown", "on", "sql", sql, "--format", "none", "--stats", stats], tpch_warehouse)
+        device[threads] = json.loads(stats.read_text())["device"]
+    one, two = device[1], device[2]
+    assert two["cpu_ms"] > 0.5 * one["cpu_ms"] > 0, device
+    # 3 times the CPU in pauses (a slowdown of 4), give or take the sleeps' precision
+    assert 2.5 * two["cpu_ms"] < two["pause_ms"] < 4 * two["cpu_ms"], device
+
+
 def test_filters_above_a_scan_go_with_its_key_set(tpch_warehouse, tmp_path):
     """Embedded, the filters above a passthrough `lineitem` scan that compare a column with a
     constant go to the node with the join's key set, so it passes on only the lines that pass

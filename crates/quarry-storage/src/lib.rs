@@ -11,6 +11,7 @@ pub mod api;
 pub mod blocking;
 pub mod catalog;
 pub mod constant_keys;
+mod device_pacing;
 pub mod fragment;
 pub mod grace_join;
 pub mod key_set;

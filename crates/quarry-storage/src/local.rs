@@ -13,10 +13,8 @@
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
 use std::fmt;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
@@ -75,7 +73,8 @@ use crate::star::{StarProbeExec, StarScanExec};
 use crate::zones::ProbeKeys;
 use crate::read_account::ReadAccount;
 use crate::verified_store::VerifiedStore;
-use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, MIN_WAIT, NodeDescription, ThrottledStore, read_calibration, thread_cpu_ns};
+use crate::profile::{BandwidthLimiter, Calibration, DeviceProfile, NodeDescription, ThrottledStore, read_calibration};
+use crate::device_pacing::{PacedSteps, Pacing, WorkerTimes, pace_task_inputs};
 
 /// Default number of fragments admitted at once.
 const DEFAULT_MAX_SESSIONS: usize = 64;
@@ -1031,12 +1030,14 @@ impl StorageNode for LocalStorageNode {
         // Passthrough stands for a plain storage device, which spends no device compute.
         let pacing = (!passthrough).then(|| Pacing { threads: Arc::clone(&self.device_threads), slowdown: self.profile.compute_slowdown });
         let cpu = Arc::new(WorkerTimes::default());
+        let plan = pace_task_inputs(plan, pacing.as_ref(), &cpu)?;
         let partitions = plan.output_partitioning().partition_count();
         let (tx, rx) = mpsc::channel(2 * partitions.max(1));
         let mut workers = JoinSet::new();
         for partition in 0..partitions {
             let stream = plan.execute(partition, Arc::clone(&ctx))?;
-            workers.spawn(drive_partition(stream, tx.clone(), pacing.clone(), Arc::clone(&cpu), Arc::clone(&self.admission)));
+            let steps = PacedSteps::new(pacing.clone(), Arc::clone(&cpu));
+            workers.spawn(drive_partition(stream, tx.clone(), steps, Arc::clone(&self.admission)));
         }
         drop(tx);
         counters.fragments_active.fetch_add(1, Ordering::Relaxed);
@@ -1097,117 +1098,16 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Device limits a worker runs under.
-#[derive(Clone)]
-struct Pacing {
-    threads: Arc<Semaphore>,
-    slowdown: f64,
-}
-
-/// The longest a worker pauses on a device thread while others wait for one: about a
-/// scheduler's time slice (Linux EEVDF's base slice is 3 ms).
-const DEVICE_TIME_SLICE: Duration = Duration::from_millis(3);
-
-#[derive(Default)]
-struct WorkerTimes {
-    cpu_ns: AtomicU64,
-    pause_ns: AtomicU64,
-    thread_wait_ns: AtomicU64,
-}
-
-/// Drives one output partition, sending its batches to the fragment's stream. Under a device
-/// profile each poll that computes holds one of the device's threads (a poll waiting for a read
-/// gives it back: the device's flash channels read while its cores compute) and, after it, the
-/// worker pauses, holding a thread, for the time the slower device CPU would have needed beyond
-/// ours, in slices of [`DEVICE_TIME_SLICE`] between which the workers take turns.
-async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, pacing: Option<Pacing>, times: Arc<WorkerTimes>, admission: Arc<MemoryAdmission>) {
-    // Pause time owed, nanoseconds (negative: overslept). Owed time is paid in precise sleeps
-    // of at least MIN_WAIT, so a step of a few microseconds adds to the next one's pause.
-    let mut owed_ns: i64 = 0;
+/// Drives one output partition, sending its batches to the fragment's stream, each computed
+/// as a device step ([`PacedSteps`]).
+async fn drive_partition(mut stream: SendableRecordBatchStream, tx: mpsc::Sender<Result<RecordBatch>>, mut steps: PacedSteps, admission: Arc<MemoryAdmission>) {
     loop {
-        let threads = pacing.as_ref().map(|p| Arc::clone(&p.threads));
-        let polled = DevicePoll { inner: stream.next(), threads, acquiring: None, cpu_ns: 0, thread_wait: Duration::ZERO }.await;
-        let (item, cpu_ns, mut permit) = (polled.output, polled.cpu_ns, polled.permit);
-        times.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
-        times.thread_wait_ns.fetch_add(polled.thread_wait.as_nanos() as u64, Ordering::Relaxed);
-        if let Some(p) = &pacing {
-            owed_ns += (cpu_ns as f64 * (p.slowdown - 1.0)) as i64;
-            // The last step pays all that is owed, so the fragment's time includes it.
-            while owed_ns >= MIN_WAIT.as_nanos() as i64 || (item.is_none() && owed_ns > 0) {
-                let started = Instant::now();
-                crate::precise_sleep::sleep(Duration::from_nanos(owed_ns.min(DEVICE_TIME_SLICE.as_nanos() as i64) as u64)).await;
-                let slept = started.elapsed().as_nanos() as i64;
-                owed_ns -= slept;
-                times.pause_ns.fetch_add(slept as u64, Ordering::Relaxed);
-                if owed_ns >= MIN_WAIT.as_nanos() as i64 {
-                    // The slice is over: the thread goes to the next worker waiting for one (the
-                    // semaphore queues them in order), as a scheduler ends a time slice, so a
-                    // small fragment does not wait for a long pause of another's.
-                    drop(permit.take());
-                    let asked = Instant::now();
-                    permit = Arc::clone(&p.threads).acquire_owned().await.ok();
-                    times.thread_wait_ns.fetch_add(asked.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                }
-            }
-        }
-        drop::<Option<OwnedSemaphorePermit>>(permit);
-        let Some(item) = item else { return };
+        let Some(item) = steps.next(&mut stream).await else { return };
         admission.progressed();
         let failed = item.is_err();
         if tx.send(item).await.is_err() || failed {
             return;
         }
-    }
-}
-
-type Acquiring = (Instant, Pin<Box<dyn Future<Output = std::result::Result<OwnedSemaphorePermit, tokio::sync::AcquireError>> + Send>>);
-
-/// Polls `inner` holding a permit of `threads` (when given) and measures the CPU time of its
-/// polls on the threads that ran them, and the time it waited for a thread (held by this or
-/// another fragment's workers). A poll that returns pending gives the permit back; the
-/// permit of the poll that completes is returned with the output, for the pause after it.
-struct DevicePoll<F> {
-    inner: F,
-    threads: Option<Arc<Semaphore>>,
-    acquiring: Option<Acquiring>,
-    cpu_ns: u64,
-    thread_wait: Duration,
-}
-
-/// What a [`DevicePoll`] gives: the output, the CPU time it took, the time it waited for a
-/// device thread, and the thread it holds.
-struct DevicePolled<T> {
-    output: T,
-    cpu_ns: u64,
-    thread_wait: Duration,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-impl<F: Future + Unpin> Future for DevicePoll<F> {
-    type Output = DevicePolled<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        let permit = match &this.threads {
-            Some(threads) => {
-                let (asked, acquiring) = this.acquiring.get_or_insert_with(|| (Instant::now(), Box::pin(Arc::clone(threads).acquire_owned())));
-                match acquiring.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    // The semaphore is never closed; were it, the worker would run unpaced.
-                    Poll::Ready(permit) => {
-                        this.thread_wait += asked.elapsed();
-                        this.acquiring = None;
-                        permit.ok()
-                    }
-                }
-            }
-            None => None,
-        };
-        let before = thread_cpu_ns();
-        let polled = Pin::new(&mut this.inner).poll(cx);
-        this.cpu_ns += thread_cpu_ns().saturating_sub(before);
-        // Pending: `permit` drops here, and the device thread is free while the read runs.
-        polled.map(|output| DevicePolled { output, cpu_ns: this.cpu_ns, thread_wait: this.thread_wait, permit })
     }
 }
 
