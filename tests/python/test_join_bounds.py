@@ -6,8 +6,7 @@ Method: `facts` is six segments (one load, five appends), each holding its own r
 one or two of those ranges. Joined with `facts` (the larger side, probed), EXPLAIN ANALYZE must
 show the other segments left out (`join_pruned_segments`), embedded and through a storage node;
 a filter that keeps keys across all ranges leaves out none. Every result equals DuckDB's on the
-same segments. The join's key set stands for its dynamic filter at `facts` (which then takes
-no join filter: DataFusion leaves it uncomputed), so the bounds are the key set's.
+same segments.
 """
 
 from __future__ import annotations
@@ -64,8 +63,6 @@ def test_segments_outside_the_join_bounds_are_not_read(warehouse, where, left_ou
     sql = JOIN.format(where=where)
     plan = q.run_quarry(["--threads", "2", "sql", "--format", "csv", f"EXPLAIN ANALYZE {sql}"], warehouse).stdout
     assert pruned(plan) == left_out, plan
-    facts = [line for line in plan.splitlines() if "FragmentExec" in line and "table=facts" in line]
-    assert len(facts) == 1 and "key sets=1" in facts[0] and "join filters" not in facts[0], plan
     cmp = q.compare_with_duckdb(warehouse, sql, out_dir=tmp_path)
     assert cmp, f"{sql}\n{cmp}"
 

@@ -89,23 +89,13 @@ fn may_hold(segment: &SegmentInfo, bound: &ColumnBound) -> bool {
     true
 }
 
-/// The smallest and largest key of a join's published key set, on the scan's column `column`:
-/// a bound as the join's own filter would state it (a fragment takes a key set instead of the
-/// join's filter, see `FragmentExec::handle_child_pushdown_result`).
-pub struct KeySetRange {
-    pub column: String,
-    pub low: ScalarValue,
-    pub high: ScalarValue,
-}
-
-/// `segments` less those the current state of `join_filters` and the `key_ranges` rule out, by
-/// the segments' bounds in their columns (the names of the scan's columns).
-pub fn segments_within_join_bounds(join_filters: &[Arc<dyn PhysicalExpr>], key_ranges: &[KeySetRange], segments: Vec<SegmentInfo>) -> Result<Vec<SegmentInfo>> {
-    if join_filters.is_empty() && key_ranges.is_empty() {
+/// `segments` less those the current state of `join_filters` rules out, by the segments'
+/// bounds in the filters' columns (the names of the scan's columns).
+pub fn segments_within_join_bounds(join_filters: &[Arc<dyn PhysicalExpr>], segments: Vec<SegmentInfo>) -> Result<Vec<SegmentInfo>> {
+    if join_filters.is_empty() {
         return Ok(segments);
     }
-    let Some(mut bounds) = current_bounds(join_filters)? else { return Ok(Vec::new()) };
-    bounds.extend(key_ranges.iter().map(|range| ColumnBound { column: range.column.clone(), low: Some(range.low.clone()), high: Some(range.high.clone()) }));
+    let Some(bounds) = current_bounds(join_filters)? else { return Ok(Vec::new()) };
     Ok(segments.into_iter().filter(|segment| bounds.iter().all(|bound| may_hold(segment, bound))).collect())
 }
 
@@ -135,16 +125,13 @@ mod tests {
         let segments = vec![segment("a", 0, 9), segment("b", 10, 19), segment("c", 20, 29), segment("d", 30, 39)];
         // 12 <= k AND k < 20, the second one mirrored: b only; c starts at the strict bound.
         let filter = binary(binary(lit(12i32), Operator::LtEq, Arc::clone(&k)), Operator::And, binary(Arc::clone(&k), Operator::Lt, lit(20i32)));
-        assert_eq!(ids(&segments_within_join_bounds(&[Arc::clone(&filter)], &[], segments.clone()).unwrap()), ["b", "c"]);
+        assert_eq!(ids(&segments_within_join_bounds(&[Arc::clone(&filter)], segments.clone()).unwrap()), ["b", "c"]);
         // A bound on a column no segment records keeps them all; `false` keeps none.
         let other = binary(Arc::new(Column::new("x", 1)), Operator::GtEq, lit(100i32));
-        assert_eq!(segments_within_join_bounds(&[other], &[], segments.clone()).unwrap().len(), 4);
-        assert!(segments_within_join_bounds(&[lit(false)], &[], segments.clone()).unwrap().is_empty());
+        assert_eq!(segments_within_join_bounds(&[other], segments.clone()).unwrap().len(), 4);
+        assert!(segments_within_join_bounds(&[lit(false)], segments.clone()).unwrap().is_empty());
         // Not a bound: kept.
         let unequal = binary(Arc::clone(&k), Operator::NotEq, lit(5i32));
-        assert_eq!(segments_within_join_bounds(&[unequal], &[], segments.clone()).unwrap().len(), 4);
-        // A key set's keys 15..=21: b and c.
-        let keys = KeySetRange { column: "k".into(), low: ScalarValue::Int64(Some(15)), high: ScalarValue::Int64(Some(21)) };
-        assert_eq!(ids(&segments_within_join_bounds(&[], &[keys], segments).unwrap()), ["b", "c"]);
+        assert_eq!(segments_within_join_bounds(&[unequal], segments).unwrap().len(), 4);
     }
 }

@@ -13,14 +13,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{RecordBatch, RecordBatchOptions};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::config::ConfigOptions;
 use arrow::compute::SortOptions;
 use datafusion::common::{ScalarValue, Statistics, internal_err};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalSortExpr};
 use datafusion::physical_expr::expressions::{Column, InListExpr};
-use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{conjunction, conjunction_opt, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::{snapshot_physical_expr, snapshot_physical_expr_opt};
 use datafusion::physical_plan::filter::FilterExec;
@@ -39,7 +38,7 @@ use quarry_storage::key_set::KeySetExpr;
 use quarry_storage::page_select::Comparison;
 use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, built_fragment, encode_fragment};
 
-use crate::join_bounds::{KeySetRange, segments_within_join_bounds};
+use crate::join_bounds::segments_within_join_bounds;
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot, ProbeKeySet};
 use crate::placement::Placement;
 use crate::provider::split_segments;
@@ -335,22 +334,6 @@ impl FragmentExec {
         Ok(fragment)
     }
 
-    /// Whether `filter`, one of the joins' `dynamic_filters` reaching this fragment, is the
-    /// filter of a join whose key set this fragment takes. A join's filter does not say which
-    /// join it is; it reads the join's probe key, so when the filters on one column are as many
-    /// as the key sets on it, they are those joins' (TPC-DS q95: a semi join's key set and a
-    /// more selective join's filter above it on the same column, which must stay).
-    fn key_sets_stand_for(&self, filter: &Arc<dyn PhysicalExpr>, dynamic_filters: &[&Arc<dyn PhysicalExpr>]) -> bool {
-        let only_column = |filter: &Arc<dyn PhysicalExpr>| {
-            let columns = collect_columns(filter);
-            (columns.len() == 1).then(|| columns.into_iter().next().map(|c| c.name().to_string())).flatten()
-        };
-        let Some(column) = only_column(filter) else { return false };
-        let key_sets = self.key_sets.iter().filter(|set| set.column == column).count();
-        let filters = dynamic_filters.iter().filter(|f| only_column(f).as_deref() == Some(column.as_str())).count();
-        key_sets > 0 && key_sets == filters
-    }
-
     /// The same fragment, its output column `column` filtered by the key set `slot` will hold;
     /// `None` if it takes no join filters (`--pushdown off`). A node across a link tests it
     /// before it decodes a row's other columns. So does an in-process node when the set is
@@ -490,24 +473,6 @@ fn bind_leaves(root: &Arc<dyn ExecutionPlan>, partition: &FragmentPartition) -> 
 /// over it that keeps its columns): then a join filter's bounds are bounds on the leaf's columns.
 fn scans_leaf_columns(root: &Arc<dyn ExecutionPlan>) -> bool {
     root.is::<ScanLeafExec>() || root.downcast_ref::<FilterExec>().is_some_and(|filter| filter.projection().is_none() && filter.input().is::<ScanLeafExec>())
-}
-
-/// The key range of each published, non-empty key set, in its column's type (a date's keys
-/// are its days).
-fn key_set_ranges(key_sets: &[ProbeKeySet], schema: &SchemaRef) -> Vec<KeySetRange> {
-    key_sets
-        .iter()
-        .filter_map(|key_set| {
-            let set = key_set.slot.get()?;
-            let (low, high) = (*set.keys().first()?, *set.keys().last()?);
-            let value = |key: i64| match schema.field_with_name(&key_set.column).map(|f| f.data_type().clone()) {
-                Ok(DataType::Int32) => ScalarValue::Int32(Some(key as i32)),
-                Ok(DataType::Date32) => ScalarValue::Date32(Some(key as i32)),
-                _ => ScalarValue::Int64(Some(key)),
-            };
-            Some(KeySetRange { column: key_set.column.clone(), low: value(low), high: value(high) })
-        })
-        .collect()
 }
 
 /// `root` with the current state of `join_filters` applied on top (merged into a filter that sits
@@ -754,10 +719,9 @@ impl ExecutionPlan for FragmentExec {
             // polls this side.
             let mut part = part;
             if scans_leaf_columns(&root) {
-                let key_ranges = key_set_ranges(&key_sets, &root.schema());
                 for (_, segments) in &mut part.leaves {
                     let planned = segments.len();
-                    *segments = segments_within_join_bounds(&join_filters, &key_ranges, std::mem::take(segments))?;
+                    *segments = segments_within_join_bounds(&join_filters, std::mem::take(segments))?;
                     join_pruned.add(planned - segments.len());
                 }
             }
@@ -848,16 +812,8 @@ impl ExecutionPlan for FragmentExec {
         let propagation = FilterPushdownPropagation::with_parent_pushdown_result(filters);
         let mut join_filters = Vec::new();
         let mut pruning_filters = Vec::new();
-        let is_dynamic = |filter: &Arc<dyn PhysicalExpr>| snapshot_physical_expr_opt(Arc::clone(filter)).is_ok_and(|snapshot| snapshot.transformed);
-        let dynamic_filters: Vec<_> = child_pushdown_result.parent_filters.iter().map(|f| &f.filter).filter(|f| is_dynamic(f)).collect();
         for filter in child_pushdown_result.parent_filters.iter().map(|f| &f.filter) {
-            let dynamic = is_dynamic(filter);
-            if dynamic && self.key_sets_stand_for(filter, &dynamic_filters) {
-                // The join's key set filters its column, and its keys bound the segments read:
-                // DataFusion then leaves the join's filter uncomputed, whose IN list of up to
-                // 16K keys costs a literal per build row (TPC-DS q15: 41K rows, 20 of its 60 ms).
-                continue;
-            }
+            let dynamic = snapshot_physical_expr_opt(Arc::clone(filter)).is_ok_and(|snapshot| snapshot.transformed);
             if dynamic && self.accepts_join_filters && phase == FilterPushdownPhase::Post {
                 join_filters.push(Arc::clone(filter));
             } else if self.is_passthrough() && !self.pruning_filters.iter().any(|known| known == filter) {
