@@ -389,6 +389,30 @@ def test_embedded_key_set_runs_on_the_node_only_when_it_drops_most_rows(tpch_war
     assert scan["rows_out"] == scan["rows_in"] and scan["bytes_over_link"] == scan["bytes_read_storage"], scan
 
 
+# A join on two columns whose build side (parts supplied in small numbers) is small: its
+# dynamic filter lists key pairs.
+TWO_COLUMN_JOIN_SQL = ("select count(*) as n, sum(l_quantity) as q from partsupp, lineitem "
+                       "where ps_partkey = l_partkey and ps_suppkey = l_suppkey and ps_availqty < 100")
+
+
+def test_a_two_column_joins_filter_runs_on_the_stored_pages(tpch_warehouse, tmp_path):
+    """Embedded, a join on two columns sends `lineitem`'s node its build side's keys as one
+    list per column, which the node tests on the stored pages (a page selection), not as a
+    list of key pairs over decoded rows (a filter over a Parquet scan). The lists pass a few
+    lines whose pair joins nothing (which the join drops) and few of the rest. Results equal
+    DuckDB's."""
+    scan = _embedded_scan(tpch_warehouse, TWO_COLUMN_JOIN_SQL, tmp_path)
+    assert 0 < scan["rows_out"] and 20 * scan["rows_out"] < scan["rows_in"], scan
+    operators = json.loads((tmp_path / "stats.json").read_text())["operators"]
+    assert _storage_operators({"operators": operators}) - {"FragmentExec"} == {"PageSelectExec"}, operators
+    joined = q.duckdb_connect(tpch_warehouse, threads=2)
+    try:
+        pairs = joined.sql(TWO_COLUMN_JOIN_SQL).fetchall()[0][0]
+    finally:
+        joined.close()
+    assert scan["rows_out"] >= pairs, (scan, pairs)
+
+
 def test_a_slow_device_leaves_a_join_filter_to_the_host(tpch_warehouse, tmp_path):
     """The same key set (about 30% of orders) on a device 50 times slower than this CPU with one
     thread: the placement model, asked as the fragment starts, prices the node's filter above

@@ -16,6 +16,7 @@ pub mod fragment_timing;
 pub mod filter_estimate;
 pub mod grouping_sets;
 pub mod join_bounds;
+pub mod join_key_lists;
 pub mod join_order;
 pub mod key_set_filter;
 pub mod keyed_aggregate;

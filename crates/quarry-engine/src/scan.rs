@@ -39,6 +39,7 @@ use quarry_storage::page_select::Comparison;
 use quarry_storage::{FragmentProgress, LinkCodec, NodeOp, ScanLeafExec, ScanMessage, scan_counter, ScanStats, SegmentInfo, StorageNode, built_fragment, encode_fragment};
 
 use crate::join_bounds::segments_within_join_bounds;
+use crate::join_key_lists::per_column_lists;
 use crate::key_set_filter::{HostKeyFilter, KeySetSlot, ProbeKeySet};
 use crate::placement::Placement;
 use crate::provider::split_segments;
@@ -486,7 +487,8 @@ fn scans_leaf_columns(root: &Arc<dyn ExecutionPlan>) -> bool {
 /// the stored pages (`Comparison`) gathers the other columns only for the rows that pass
 /// (TPC-H Q03: 5.85M `lineitem` rows had four columns gathered for a host filter that kept
 /// 302K). Other conjuncts (two columns compared, LIKE) cost the node more than they save. The
-/// filters above still run, on rows that all pass.
+/// filters above still run, on rows that all pass. A join on several columns sends its key
+/// tuples as a list per column ([`per_column_lists`]), which the page reader can run.
 fn with_join_filters(
     root: Arc<dyn ExecutionPlan>,
     join_filters: &[Arc<dyn PhysicalExpr>],
@@ -497,7 +499,13 @@ fn with_join_filters(
     let mut conjuncts = Vec::new();
     for filter in join_filters {
         let snapshot = snapshot_physical_expr(Arc::clone(filter))?;
-        conjuncts.extend(split_conjunction(&snapshot).into_iter().filter(|c| c.downcast_ref::<InListExpr>().is_some_and(|l| !l.negated())).cloned());
+        for conjunct in split_conjunction(&snapshot) {
+            if let Some(lists) = per_column_lists(conjunct, &root.schema())? {
+                conjuncts.extend(lists);
+            } else if conjunct.downcast_ref::<InListExpr>().is_some_and(|l| !l.negated()) {
+                conjuncts.push(Arc::clone(conjunct));
+            }
+        }
     }
     let listed: Vec<String> = conjuncts.iter().filter_map(|c| c.downcast_ref::<InListExpr>()?.expr().downcast_ref::<Column>().map(|c| c.name().to_string())).collect();
     for key_set in key_sets {
