@@ -28,6 +28,7 @@ pub mod probe_yield;
 pub mod progress;
 pub mod provider;
 pub mod query_stop;
+pub mod running_window;
 pub mod scan;
 pub mod schema_text;
 pub mod session;

@@ -41,6 +41,7 @@ use crate::decimal_arith::DecimalArithRule;
 use crate::decimal_division::DecimalDivisionRule;
 use crate::shared_subplan::SharedSubplanRule;
 use crate::small_group_aggregate::SmallGroupAggregateRule;
+use crate::running_window::RunningWindowRule;
 use crate::star_join::with_star_joins;
 use crate::output::ResultSink;
 use crate::placement::{Objective, PlacementRule, PushdownMode};
@@ -213,6 +214,8 @@ impl QuarrySession {
         // Partial aggregates over few groups, after the decimal rewrite whose expressions they
         // take over.
         rules.push(Arc::new(SmallGroupAggregateRule));
+        // Running aggregates of windows, once DataFusion has placed the sorts they read.
+        rules.push(Arc::new(RunningWindowRule));
         // Yield and stop points in nested-loop and cross joins, so that a cancelled query
         // stops within a batch (before shared subplans, which may hold such a join).
         rules.push(Arc::new(ProbeYieldRule));
