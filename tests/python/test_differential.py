@@ -101,14 +101,16 @@ def test_tpch_q11_fraction_scales(tpch_warehouse, tpch_duck, tmp_path):
 
 
 # Running totals over TPC-H: per customer by order date (partitions span batches, and NULL
-# arguments where a CASE leaves them out); ranks per customer by priority and year (ties).
+# arguments where a CASE leaves them out); ranks per customer by priority and year (ties), and
+# the default frame (RANGE: up to the row's last peer) over them and over large peer groups.
 RUNNING_WINDOW_SQL = """
 select o_custkey, o_orderdate, o_orderkey,
        sum(o_totalprice) over w as total, min(o_totalprice) over w as low, max(o_shippriority) over w as top,
        sum(case when o_orderstatus = 'F' then o_orderkey end) over w as finished_keys,
        count(case when o_orderstatus = 'O' then 1 end) over w as open_orders, count(*) over w as orders,
        sum(cast(o_custkey as double) / 7) over w as total_double,
-       row_number() over w as n, rank() over p as r, dense_rank() over p as dr
+       row_number() over w as n, rank() over p as r, dense_rank() over p as dr,
+       sum(o_totalprice) over p as total_to_peers, count(o_comment) over (partition by o_orderstatus order by o_orderdate) as so_far
 from orders
 window w as (partition by o_custkey order by o_orderdate, o_orderkey rows between unbounded preceding and current row),
        p as (partition by o_custkey order by o_orderpriority, extract(year from o_orderdate) desc)
@@ -121,7 +123,8 @@ def test_running_window_aggregates(tpch_warehouse, tpch_duck, tmp_path):
     CURRENT ROW`), row numbers, ranks and dense ranks (with ties) run as Quarry's
     `RunningAggregateExec`, which computes them in one pass over each batch (DataFusion's
     window operator, row by row, took 0.5 s of TPC-DS q51's 0.8 s of CPU), and equal DuckDB's:
-    decimals, integers, doubles and NULL arguments, partitions that span batches."""
+    decimals, integers, doubles and NULL arguments, partitions and peer groups (the default
+    RANGE frame) that span batches."""
     plan = q.run_quarry(["sql", f"EXPLAIN {RUNNING_WINDOW_SQL}", "--format", "csv"], tpch_warehouse).stdout
     assert "RunningAggregateExec" in plan and "BoundedWindowAggExec" not in plan.split("physical_plan", 1)[1], plan
     quarry = q.quarry_query(tpch_warehouse, RUNNING_WINDOW_SQL, out_dir=tmp_path)

@@ -2,7 +2,9 @@
 //!
 //! `sum(x) OVER (PARTITION BY k ORDER BY d ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)`
 //! (a running total, and its `min`, `max` and `count`) is, over input sorted by `k` and `d`, a
-//! scan that restarts at each new `k`; `row_number()`, `rank()` and `dense_rank()` count rows
+//! scan that restarts at each new `k`; with SQL's default frame for an ordered window (`RANGE`,
+//! the same but up to the row's last peer, equal in `d`) each row of a peer group takes the
+//! group's last value, the rows of a group that may go on in the next batch waiting for it; `row_number()`, `rank()` and `dense_rank()` count rows
 //! and groups of rows equal in `d` (peers) the same way. DataFusion's `BoundedWindowAggExec`
 //! evaluates them partition by partition and row by row: for an aggregate a one-row slice of
 //! the argument into the accumulator, a `ScalarValue` out, gathered into an array again, about
@@ -16,14 +18,15 @@
 //! The values are DataFusion's: a sum in the type DataFusion sums in (the argument cast to the
 //! result type, adding with wraparound as its accumulator does, in row order), `NULL` until a
 //! partition's first non-null argument; `count` counts non-null arguments; ranks are `UInt64`.
+//! A `RANGE` frame needs order keys here (without them it is the whole partition).
 
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use arrow::array::{Array, ArrayRef, ArrowPrimitiveType, AsArray, Int64Array, PrimitiveArray, PrimitiveBuilder, RecordBatch, UInt64Array};
-use arrow::compute::cast;
+use arrow::array::{Array, ArrayRef, ArrowPrimitiveType, AsArray, Int64Array, PrimitiveArray, PrimitiveBuilder, RecordBatch, UInt32Array, UInt64Array};
+use arrow::compute::{cast, concat_batches, take};
 use arrow::datatypes::{ArrowNativeTypeOp, DataType, Decimal128Type, Float64Type, Int64Type, SchemaRef, UInt64Type};
 use arrow::row::{OwnedRow, RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
@@ -80,8 +83,9 @@ enum Running {
 /// One window expression.
 #[derive(Debug, Clone)]
 enum WindowFunction {
-    /// A running aggregate of `argument`, of type `result`.
-    Aggregate { running: Running, argument: Arc<dyn PhysicalExpr>, result: DataType },
+    /// A running aggregate of `argument`, of type `result`; with `peers` (a `RANGE` frame) a
+    /// row's value takes in its peers after it too.
+    Aggregate { running: Running, argument: Arc<dyn PhysicalExpr>, result: DataType, peers: bool },
     /// The row's position in its partition, from 1.
     RowNumber,
     /// The position of the row's first peer (equal in the order keys).
@@ -93,7 +97,7 @@ enum WindowFunction {
 /// `window`'s expressions as [`WindowFunction`]s, if its input arrives sorted on the partition
 /// keys and every expression is `row_number`, `rank` or `dense_rank`, or `sum`, `min`, `max` or
 /// `count` (not distinct, one argument) of a number over `ROWS BETWEEN UNBOUNDED PRECEDING AND
-/// CURRENT ROW`, all with the same partition and order keys.
+/// CURRENT ROW` (or `RANGE`, with order keys), all with the same partition and order keys.
 fn window_functions(window: &BoundedWindowAggExec) -> Option<Vec<WindowFunction>> {
     if window.input_order_mode != InputOrderMode::Sorted {
         return None;
@@ -122,7 +126,13 @@ fn window_functions(window: &BoundedWindowAggExec) -> Option<Vec<WindowFunction>
             let plain = expr.as_any().downcast_ref::<PlainAggregateWindowExpr>()?;
             let frame = plain.get_window_frame();
             let from_start = matches!(&frame.start_bound, WindowFrameBound::Preceding(bound) if bound.is_null());
-            if frame.units != WindowFrameUnits::Rows || !from_start || frame.end_bound != WindowFrameBound::CurrentRow {
+            // A RANGE frame without order keys spans the whole partition: not a running one.
+            let peers = match frame.units {
+                WindowFrameUnits::Rows => false,
+                WindowFrameUnits::Range if !expr.order_by().is_empty() => true,
+                _ => return None,
+            };
+            if !from_start || frame.end_bound != WindowFrameBound::CurrentRow {
                 return None;
             }
             let aggregate = plain.get_aggregate_expr();
@@ -141,7 +151,7 @@ fn window_functions(window: &BoundedWindowAggExec) -> Option<Vec<WindowFunction>
                 Running::Min | Running::Max => argument_type == result && compute_type(&result).is_some(),
                 Running::Sum => compute_type(&result).is_some() && compute_type(&argument_type).is_some(),
             };
-            (supported && !aggregate.is_distinct() && !aggregate.ignore_nulls()).then(|| WindowFunction::Aggregate { running, argument: Arc::clone(argument), result })
+            (supported && !aggregate.is_distinct() && !aggregate.ignore_nulls()).then(|| WindowFunction::Aggregate { running, argument: Arc::clone(argument), result, peers })
         })
         .collect()
 }
@@ -226,6 +236,11 @@ impl ExecutionPlan for RunningAggregateExec {
             peers: KeyChanges::new(order_by.into_iter().map(|e| e.expr).collect(), order_fields)?,
             ranks: Ranks::default(),
             states: self.functions.iter().map(|_| RunningState::default()).collect(),
+            peer_columns: (self.functions.iter().enumerate())
+                .filter(|(_, f)| matches!(f, WindowFunction::Aggregate { peers: true, .. }))
+                .map(|(i, _)| input_schema.fields().len() + i)
+                .collect(),
+            waiting: Vec::new(),
             functions: self.functions.clone(),
             metrics: BaselineMetrics::new(&self.metrics, partition),
         }))
@@ -300,19 +315,27 @@ struct RunningAggregateStream {
     ranks: Ranks,
     functions: Vec<WindowFunction>,
     states: Vec<RunningState>,
+    /// Output columns of the aggregates that take in peers.
+    peer_columns: Vec<usize>,
+    /// Output rows of the last peer group so far, which may go on in the next batch.
+    waiting: Vec<RecordBatch>,
     metrics: BaselineMetrics,
 }
 
 impl RunningAggregateStream {
-    fn evaluate(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+    /// The output rows of `batch` that are final: all of them, unless an aggregate takes in
+    /// peers, whose rows wait until their peer group ends (`None` while the whole batch is
+    /// one open group).
+    fn evaluate(&mut self, batch: &RecordBatch) -> Result<Option<RecordBatch>> {
         let rows = batch.num_rows();
         let starts = self.partitions.of(batch)?;
-        let ranked = self.functions.iter().any(|f| !matches!(f, WindowFunction::Aggregate { .. }));
-        let ranks = if ranked { self.ranks(batch, &starts)? } else { Vec::new() };
+        let ordered = self.functions.iter().any(|f| !matches!(f, WindowFunction::Aggregate { peers: false, .. }));
+        let peer_starts = if ordered { self.peer_starts(batch, &starts)? } else { Vec::new() };
+        let ranks = self.ranks(&starts, &peer_starts);
         let mut columns = batch.columns().to_vec();
         for (function, state) in self.functions.iter().zip(self.states.iter_mut()) {
             let column: ArrayRef = match function {
-                WindowFunction::Aggregate { running, argument, result } => {
+                WindowFunction::Aggregate { running, argument, result, .. } => {
                     let argument = argument.evaluate(batch)?.into_array(rows)?;
                     running_column(*running, result, &argument, &starts, state)?
                 }
@@ -322,22 +345,83 @@ impl RunningAggregateStream {
             };
             columns.push(column);
         }
+        let output = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        if self.peer_columns.is_empty() {
+            return Ok(Some(output));
+        }
+        // The last peer group may go on in the next batch: it waits, with the rows of the
+        // group that has waited so far if this batch only continues it.
+        let Some(last_start) = peer_starts.iter().rposition(|&start| start) else {
+            self.waiting.push(output);
+            return Ok(None);
+        };
+        let waiting = std::mem::replace(&mut self.waiting, vec![output.slice(last_start, rows - last_start)]);
+        let mut group_starts: Vec<bool> = waiting.iter().flat_map(|b| (0..b.num_rows()).map(|_| false)).collect();
+        if let Some(first) = group_starts.first_mut() {
+            *first = true;
+        }
+        group_starts.extend(&peer_starts[..last_start]);
+        let done: Vec<RecordBatch> = waiting.into_iter().chain(std::iter::once(output.slice(0, last_start))).collect();
+        self.with_peers(&done, &group_starts).map(Some)
+    }
+
+    /// The rows that wait at the end of the input: their group ends there.
+    fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        if self.waiting.is_empty() {
+            return Ok(None);
+        }
+        let waiting = std::mem::take(&mut self.waiting);
+        let mut group_starts = vec![false; waiting.iter().map(RecordBatch::num_rows).sum()];
+        if let Some(first) = group_starts.first_mut() {
+            *first = true;
+        }
+        self.with_peers(&waiting, &group_starts).map(Some)
+    }
+
+    /// `batches` (whole peer groups, starting where `group_starts` says) as one batch, each
+    /// peer-taking aggregate's value that of its group's last row.
+    fn with_peers(&self, batches: &[RecordBatch], group_starts: &[bool]) -> Result<RecordBatch> {
+        let batch = concat_batches(&self.schema, batches)?;
+        let rows = batch.num_rows();
+        let mut last = vec![0u32; rows];
+        let mut end = rows;
+        for i in (0..rows).rev() {
+            last[i] = (end - 1) as u32;
+            if group_starts[i] {
+                end = i;
+            }
+        }
+        let last = UInt32Array::from(last);
+        let mut columns = batch.columns().to_vec();
+        for &c in &self.peer_columns {
+            columns[c] = take(&columns[c], &last, None)?;
+        }
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
     }
 
-    /// Each row's [`Ranks`], partitions starting at `starts`.
-    fn ranks(&mut self, batch: &RecordBatch, starts: &[bool]) -> Result<Vec<Ranks>> {
+    /// For each row of `batch`: a peer group starts there (a partition starts, or the order
+    /// keys change).
+    fn peer_starts(&mut self, batch: &RecordBatch, starts: &[bool]) -> Result<Vec<bool>> {
         let order_changes = self.peers.of(batch)?;
+        Ok(starts.iter().zip(order_changes).map(|(&start, change)| start || change).collect())
+    }
+
+    /// Each row's [`Ranks`], partitions starting at `starts`, peer groups at `peer_starts`
+    /// (none if no function ranks).
+    fn ranks(&mut self, starts: &[bool], peer_starts: &[bool]) -> Vec<Ranks> {
+        if !self.functions.iter().any(|f| !matches!(f, WindowFunction::Aggregate { .. })) {
+            return Vec::new();
+        }
         let mut ranks = self.ranks;
         let out = starts
             .iter()
-            .zip(order_changes)
-            .map(|(&start, order_change)| {
+            .zip(peer_starts)
+            .map(|(&start, &peer_start)| {
                 if start {
                     ranks = Ranks::default();
                 }
                 ranks.row += 1;
-                if start || order_change {
+                if peer_start {
                     ranks.rank = ranks.row;
                     ranks.dense += 1;
                 }
@@ -345,7 +429,7 @@ impl RunningAggregateStream {
             })
             .collect();
         self.ranks = ranks;
-        Ok(out)
+        out
     }
 }
 
@@ -353,18 +437,28 @@ impl Stream for RunningAggregateStream {
     type Item = Result<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let batch = match std::task::ready!(self.input.poll_next_unpin(cx)) {
-            Some(Ok(batch)) => batch,
-            other => return Poll::Ready(other),
-        };
-        let elapsed = self.metrics.elapsed_compute().clone();
-        let timer = elapsed.timer();
-        let output = self.evaluate(&batch);
-        timer.done();
-        if let Ok(output) = &output {
-            self.metrics.record_output(output.num_rows());
+        loop {
+            let next = std::task::ready!(self.input.poll_next_unpin(cx));
+            let elapsed = self.metrics.elapsed_compute().clone();
+            let timer = elapsed.timer();
+            let output = match next {
+                Some(Ok(batch)) => self.evaluate(&batch),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => match self.finish() {
+                    Ok(None) => return Poll::Ready(None),
+                    other => other,
+                },
+            };
+            timer.done();
+            match output {
+                Ok(Some(output)) => {
+                    self.metrics.record_output(output.num_rows());
+                    return Poll::Ready(Some(Ok(output)));
+                }
+                Ok(None) => continue,
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
         }
-        Poll::Ready(Some(output))
     }
 }
 
@@ -552,11 +646,30 @@ mod tests {
     async fn ranks_equal_datafusions_window() {
         let ctx = context();
         for sql in [
-            "select k, d, row_number() over w as n, rank() over w as r, dense_rank() over w as dr from t \
-             window w as (partition by k order by x / 20 desc nulls last) order by d",
-            "select k, d, rank() over w as r, sum(y) over (w rows between unbounded preceding and current row) as s from t \
-             window w as (partition by k order by z / 3 nulls first, d) order by d",
+            "select k, d, row_number() over (partition by k order by x / 20 desc nulls last, d) as n, rank() over w as r, \
+             dense_rank() over w as dr from t window w as (partition by k order by x / 20 desc nulls last) order by d",
+            "select k, d, rank() over (partition by k order by z / 3 nulls first, d) as r, \
+             sum(y) over (partition by k order by z / 3 nulls first, d rows between unbounded preceding and current row) as s from t order by d",
             "select d, dense_rank() over (order by x / 25) as dr from t order by d",
+        ] {
+            let (expected, _) = run(&ctx, sql, false).await;
+            let (actual, running) = run(&ctx, sql, true).await;
+            assert!(running >= 1, "{sql}");
+            assert_eq!(actual, expected, "{sql}");
+        }
+    }
+
+    /// The default frame with order keys (`RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW`):
+    /// a row's value takes in its peers, in groups that span batches (one order key value for
+    /// a whole partition, or for the whole input), beside ranks, equal DataFusion's.
+    #[tokio::test]
+    async fn aggregates_over_peers_equal_datafusions_window() {
+        let ctx = context();
+        for sql in [
+            "select k, d, sum(x) over w as s, max(y) over w as m, count(z) over w as c, rank() over w as r from t \
+             window w as (partition by k order by x / 30 nulls first) order by d",
+            "select k, d, sum(y) over (partition by k order by k) as s, min(x) over (partition by k order by d / 50) as m from t order by d",
+            "select d, sum(x) over (order by d / 64) as s, count(*) over (order by d / 64) as c from t order by d",
         ] {
             let (expected, _) = run(&ctx, sql, false).await;
             let (actual, running) = run(&ctx, sql, true).await;
@@ -572,7 +685,7 @@ mod tests {
         for window in [
             "avg(x) over (partition by k order by d rows between unbounded preceding and current row)",
             "sum(x) over (partition by k order by d rows between 2 preceding and current row)",
-            "sum(x) over (partition by k order by d)",
+            "sum(x) over (partition by k)",
             "sum(distinct x) over (partition by k order by d rows between unbounded preceding and current row)",
             "percent_rank() over (partition by k order by d)",
             "lag(x) over (partition by k order by d)",
