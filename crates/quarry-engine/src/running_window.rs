@@ -33,6 +33,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, internal_err};
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits};
 use datafusion::physical_expr::window::StandardWindowFunctionExpr;
 use datafusion::physical_expr::{OrderingRequirements, PhysicalExpr};
@@ -230,7 +231,7 @@ impl ExecutionPlan for RunningAggregateExec {
         let partition_fields = partition_by.iter().map(|e| Ok(SortField::new(e.data_type(&input_schema)?))).collect::<Result<Vec<_>>>()?;
         let order_fields = order_by.iter().map(|e| Ok(SortField::new_with_options(e.expr.data_type(&input_schema)?, e.options))).collect::<Result<Vec<_>>>()?;
         Ok(Box::pin(RunningAggregateStream {
-            input: window.input().execute(partition, context)?,
+            input: window.input().execute(partition, Arc::clone(&context))?,
             schema: self.window.schema(),
             partitions: KeyChanges::new(partition_by, partition_fields)?,
             peers: KeyChanges::new(order_by.into_iter().map(|e| e.expr).collect(), order_fields)?,
@@ -241,6 +242,7 @@ impl ExecutionPlan for RunningAggregateExec {
                 .map(|(i, _)| input_schema.fields().len() + i)
                 .collect(),
             waiting: Vec::new(),
+            reservation: MemoryConsumer::new(format!("RunningAggregateExec[{partition}]")).register(context.memory_pool()),
             functions: self.functions.clone(),
             metrics: BaselineMetrics::new(&self.metrics, partition),
         }))
@@ -319,6 +321,8 @@ struct RunningAggregateStream {
     peer_columns: Vec<usize>,
     /// Output rows of the last peer group so far, which may go on in the next batch.
     waiting: Vec<RecordBatch>,
+    /// The query's memory held by `waiting`.
+    reservation: MemoryReservation,
     metrics: BaselineMetrics,
 }
 
@@ -352,10 +356,13 @@ impl RunningAggregateStream {
         // The last peer group may go on in the next batch: it waits, with the rows of the
         // group that has waited so far if this batch only continues it.
         let Some(last_start) = peer_starts.iter().rposition(|&start| start) else {
+            self.reservation.try_grow(output.get_array_memory_size())?;
             self.waiting.push(output);
             return Ok(None);
         };
-        let waiting = std::mem::replace(&mut self.waiting, vec![output.slice(last_start, rows - last_start)]);
+        let open = output.slice(last_start, rows - last_start);
+        self.reservation.try_resize(open.get_array_memory_size())?;
+        let waiting = std::mem::replace(&mut self.waiting, vec![open]);
         let mut group_starts: Vec<bool> = waiting.iter().flat_map(|b| (0..b.num_rows()).map(|_| false)).collect();
         if let Some(first) = group_starts.first_mut() {
             *first = true;
@@ -371,6 +378,7 @@ impl RunningAggregateStream {
             return Ok(None);
         }
         let waiting = std::mem::take(&mut self.waiting);
+        self.reservation.free();
         let mut group_starts = vec![false; waiting.iter().map(RecordBatch::num_rows).sum()];
         if let Some(first) = group_starts.first_mut() {
             *first = true;
@@ -676,6 +684,26 @@ mod tests {
             assert!(running >= 1, "{sql}");
             assert_eq!(actual, expected, "{sql}");
         }
+    }
+
+    /// The rows of an open peer group wait within the query's memory budget: one group of
+    /// the whole input, over a budget smaller than it, fails the query naming the operator.
+    #[tokio::test]
+    async fn waiting_peers_are_reserved_from_the_pool() {
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        use datafusion::logical_expr::{SortExpr, col};
+        let schema = Arc::new(Schema::new(vec![Field::new("c", DataType::Int32, false), Field::new("x", DataType::Int32, false)]));
+        let batches: Vec<RecordBatch> = (0..40)
+            .map(|b| RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(Int32Array::from(vec![7; 1000])), Arc::new(Int32Array::from_iter_values(b * 1000..(b + 1) * 1000))]).unwrap())
+            .collect();
+        let table = MemTable::try_new(Arc::clone(&schema), vec![batches]).unwrap().with_sort_order(vec![vec![SortExpr::new(col("c"), true, false)]]);
+        let runtime = RuntimeEnvBuilder::new().with_memory_limit(64 * 1024, 1.0).build_arc().unwrap();
+        let ctx = SessionContext::new_with_config_rt(SessionConfig::new().with_target_partitions(1), runtime);
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let plan = ctx.sql("select x, sum(x) over (order by c) as s from t").await.unwrap().create_physical_plan().await.unwrap();
+        let plan = RunningWindowRule.optimize(plan, &ConfigOptions::default()).unwrap();
+        let error = datafusion::physical_plan::collect(plan, ctx.task_ctx()).await.unwrap_err().to_string();
+        assert!(error.contains("RunningAggregateExec"), "{error}");
     }
 
     /// Other functions and frames stay DataFusion's.
