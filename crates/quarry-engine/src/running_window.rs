@@ -363,10 +363,7 @@ impl RunningAggregateStream {
         let open = output.slice(last_start, rows - last_start);
         self.reservation.try_resize(open.get_array_memory_size())?;
         let waiting = std::mem::replace(&mut self.waiting, vec![open]);
-        let mut group_starts: Vec<bool> = waiting.iter().flat_map(|b| (0..b.num_rows()).map(|_| false)).collect();
-        if let Some(first) = group_starts.first_mut() {
-            *first = true;
-        }
+        let mut group_starts = one_group(&waiting);
         group_starts.extend(&peer_starts[..last_start]);
         let done: Vec<RecordBatch> = waiting.into_iter().chain(std::iter::once(output.slice(0, last_start))).collect();
         self.with_peers(&done, &group_starts).map(Some)
@@ -379,10 +376,7 @@ impl RunningAggregateStream {
         }
         let waiting = std::mem::take(&mut self.waiting);
         self.reservation.free();
-        let mut group_starts = vec![false; waiting.iter().map(RecordBatch::num_rows).sum()];
-        if let Some(first) = group_starts.first_mut() {
-            *first = true;
-        }
+        let group_starts = one_group(&waiting);
         self.with_peers(&waiting, &group_starts).map(Some)
     }
 
@@ -439,6 +433,15 @@ impl RunningAggregateStream {
         self.ranks = ranks;
         out
     }
+}
+
+/// Group starts of `batches` holding one peer group.
+fn one_group(batches: &[RecordBatch]) -> Vec<bool> {
+    let mut starts = vec![false; batches.iter().map(RecordBatch::num_rows).sum()];
+    if let Some(first) = starts.first_mut() {
+        *first = true;
+    }
+    starts
 }
 
 impl Stream for RunningAggregateStream {
@@ -613,6 +616,15 @@ mod tests {
         ctx
     }
 
+    /// Runs `sql` with and without the rule, asserts the results equal, and returns how many
+    /// `RunningAggregateExec`s the rule placed.
+    async fn running_equals_datafusion(ctx: &SessionContext, sql: &str) -> usize {
+        let (expected, _) = run(ctx, sql, false).await;
+        let (actual, running) = run(ctx, sql, true).await;
+        assert_eq!(actual, expected, "{sql}");
+        running
+    }
+
     async fn run(ctx: &SessionContext, sql: &str, rule: bool) -> (String, usize) {
         let mut plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         if rule {
@@ -636,16 +648,10 @@ mod tests {
         let sql = "select k, d, sum(x) over w as sx, min(x) over w as mnx, max(x) over w as mxx, sum(y) over w as sy, \
                    max(y) over w as my, count(x) over w as cx, count(*) over w as c, sum(z) over w as sz, min(z) over w as mz \
                    from t window w as (partition by k order by d rows between unbounded preceding and current row) order by d";
-        let (expected, _) = run(&ctx, sql, false).await;
-        let (actual, running) = run(&ctx, sql, true).await;
-        assert_eq!(running, 1);
-        assert_eq!(actual, expected);
+        assert_eq!(running_equals_datafusion(&ctx, sql).await, 1);
         // A window over the whole input (no partition keys) too.
         let sql = "select d, sum(x) over (order by d rows between unbounded preceding and current row) as s from t order by d";
-        let (expected, _) = run(&ctx, sql, false).await;
-        let (actual, running) = run(&ctx, sql, true).await;
-        assert_eq!(running, 1);
-        assert_eq!(actual, expected);
+        assert_eq!(running_equals_datafusion(&ctx, sql).await, 1);
     }
 
     /// Row numbers, ranks and dense ranks, with ties and NULLs in the order keys and peer
@@ -660,10 +666,7 @@ mod tests {
              sum(y) over (partition by k order by z / 3 nulls first, d rows between unbounded preceding and current row) as s from t order by d",
             "select d, dense_rank() over (order by x / 25) as dr from t order by d",
         ] {
-            let (expected, _) = run(&ctx, sql, false).await;
-            let (actual, running) = run(&ctx, sql, true).await;
-            assert!(running >= 1, "{sql}");
-            assert_eq!(actual, expected, "{sql}");
+            assert!(running_equals_datafusion(&ctx, sql).await >= 1, "{sql}");
         }
     }
 
@@ -679,10 +682,7 @@ mod tests {
             "select k, d, sum(y) over (partition by k order by k) as s, min(x) over (partition by k order by d / 50) as m from t order by d",
             "select d, sum(x) over (order by d / 64) as s, count(*) over (order by d / 64) as c from t order by d",
         ] {
-            let (expected, _) = run(&ctx, sql, false).await;
-            let (actual, running) = run(&ctx, sql, true).await;
-            assert!(running >= 1, "{sql}");
-            assert_eq!(actual, expected, "{sql}");
+            assert!(running_equals_datafusion(&ctx, sql).await >= 1, "{sql}");
         }
     }
 
